@@ -1,0 +1,38 @@
+# The two quick-start commands are `make run` and `make test`; everything they need is here.
+PYTHON ?= python3
+VENV ?= .venv
+# CI and laptops pin the local CPU wheel; on a GPU node use e.g. `make setup TORCH=torch`
+# (or keep the CUDA torch already installed in $(VENV)).
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: setup run test lint format bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+run: setup
+	$(BIN)/perfdiag doctor
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: setup
+	$(BIN)/python benchmarks/run_format.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,25 @@
+"""perfdiag: profiling and performance diagnosis for LLM inference.
+
+The public API is small and imported lazily, so `import perfdiag` (and the CLI's
+`--version`) stays fast and pulls in neither pandas nor torch:
+
+    run = perfdiag.load_run("runs/2026-11-30T10-00-00")
+    run.manifest.status, run.spans, run.steps
+"""
+
+from ._version import __version__
+from .errors import PerfdiagError
+
+__all__ = ["PerfdiagError", "Run", "RunWriter", "__version__", "load_run"]
+
+
+def __getattr__(name: str):
+    if name in ("load_run", "Run"):
+        from .traces import reader
+
+        return getattr(reader, name)
+    if name == "RunWriter":
+        from .traces.writer import RunWriter
+
+        return RunWriter
+    raise AttributeError(f"module 'perfdiag' has no attribute {name!r}")

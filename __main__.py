@@ -1,0 +1,5 @@
+"""`python -m perfdiag` is the `perfdiag` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""The seven-step triage order and scenario playbooks as data, and their evaluator."""

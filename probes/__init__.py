@@ -1,0 +1,1 @@
+"""Instrumentation: request lifecycle, scheduler steps, profiler windows, device sampling."""

@@ -1,0 +1,1 @@
+"""The run format (schema, writer, reader), importers and exporters."""

@@ -1,0 +1,1 @@
+"""The Textual trace explorer (`perfdiag tui`)."""
