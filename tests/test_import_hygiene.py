@@ -1,0 +1,28 @@
+"""Analysis must run anywhere: reading runs and analysing them never loads torch,
+triton or textual (checked in a fresh interpreter, where nothing else imported them)."""
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "triton", "textual")
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ["perfdiag"],
+        ["perfdiag.traces", "perfdiag.traces.reader", "perfdiag.traces.writer"],
+        ["perfdiag.analyzers"],
+    ],
+)
+def test_no_heavy_imports(modules):
+    code = (
+        f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "import perfdiag; perfdiag.load_run\n"
+        f"print(','.join(h for h in {HEAVY!r} if h in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"{modules} imported {result.stdout.strip()}"

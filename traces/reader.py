@@ -1,0 +1,223 @@
+"""Read a run: `load_run(path)` → a `Run` with the manifest and typed DataFrames.
+
+Reads finished runs (Parquet), runs still being written or killed midway (Arrow IPC
+streams, ignoring an incomplete last batch), and runs from older schema versions
+(upgraded on read); refuses newer ones with a clear message. Tables are opened and
+checked when the run loads; DataFrames are built on first access and cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..errors import RunFormatError
+from .layout import LOCK_FILE, parquet_path, stream_path
+from .manifest import CRASHED, FINAL_STATUSES, RUNNING, Manifest, read_manifest
+from .schema import CATEGORICAL, ROW_TYPES, SCHEMA_VERSION, SCHEMAS
+from .stream import read_stream
+
+# schema version v -> function upgrading (table name, Arrow table) from v to v + 1.
+_UPGRADES: dict[int, Callable[[str, pa.Table], pa.Table]] = {}
+
+# Columns that bound a row in time, per table: (start column, end column or None, dur col).
+_TIME_COLUMNS = {
+    "request_events": ("ts_ns", None, None),
+    "steps": ("start_ns", "end_ns", None),
+    "spans": ("start_ns", None, "dur_ns"),
+    "counters": ("ts_ns", None, None),
+}
+
+
+@dataclass
+class Run:
+    path: Path
+    manifest: Manifest
+    status: str  # the manifest's, or "crashed" when it says running and no writer lives
+    tables: dict[str, pa.Table]
+    missing_tables: list[str]  # tables the run has no file for (read as empty)
+    warnings: list[str] = field(default_factory=list)
+    _frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+
+    def table(self, name: str) -> pd.DataFrame:
+        """The table as a DataFrame with stable dtypes (int64 / Int64 / category / string)."""
+        if name not in self.tables:
+            raise RunFormatError(f"unknown table {name!r}; tables: {', '.join(self.tables)}")
+        if name not in self._frames:
+            self._frames[name] = to_frame(name, self.tables[name])
+        return self._frames[name]
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self.table("requests")
+
+    @property
+    def request_events(self) -> pd.DataFrame:
+        return self.table("request_events")
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.table("steps")
+
+    @property
+    def spans(self) -> pd.DataFrame:
+        return self.table("spans")
+
+    @property
+    def counters(self) -> pd.DataFrame:
+        return self.table("counters")
+
+    def row_counts(self) -> dict[str, int]:
+        return {name: t.num_rows for name, t in self.tables.items()}
+
+    def time_span_ns(self) -> tuple[int, int] | None:
+        """(first, last) timestamp over every table, on the run's monotonic clock."""
+        lo, hi = [], []
+        for name, (start, end, dur) in _TIME_COLUMNS.items():
+            t = self.tables[name]
+            if t.num_rows == 0:
+                continue
+            bounds = pc.min_max(t[start])
+            if bounds["min"].is_valid:
+                lo.append(bounds["min"].as_py())
+            if end is not None:
+                last = pc.max(t[end]).as_py()
+            elif dur is not None:
+                last = pc.max(pc.add(t[start], t[dur])).as_py()
+            else:
+                last = bounds["max"].as_py()
+            if last is not None:
+                hi.append(last)
+        return (min(lo), max(hi)) if lo and hi else None
+
+
+def load_run(path: str | os.PathLike) -> Run:
+    """Open the run at `path`; raise a RunFormatError subclass if it cannot be read."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    status = manifest.status
+    if status == RUNNING and not writer_alive(path):
+        status = CRASHED
+    tolerate = status not in FINAL_STATUSES
+    tables, missing, notes = {}, [], []
+    for name in ROW_TYPES:
+        table, note = _read_table(path, name, tolerate_truncation=tolerate)
+        if table is None:
+            missing.append(name)
+            table = SCHEMAS[name].empty_table()
+        if note:
+            notes.append(note)
+        for version in range(manifest.schema_version, SCHEMA_VERSION):
+            table = _UPGRADES[version](name, table)
+        tables[name] = conform(name, table)
+    if status == CRASHED:
+        notes.insert(0, "the writer stopped without closing the run: it holds what was flushed")
+    return Run(path, manifest, status, tables, missing, notes)
+
+
+def writer_alive(run_dir: Path) -> bool:
+    """Whether a live process still holds the run's writer lock."""
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _read_table(run_dir: Path, name: str, *, tolerate_truncation: bool):
+    parquet, stream = parquet_path(run_dir, name), stream_path(run_dir, name)
+    rel = f"{parquet.parent.name}/{parquet.name}"
+    if parquet.exists():
+        try:
+            # Low-cardinality text as dictionaries: they become Categoricals without a copy.
+            names = pq.read_schema(parquet).names
+            dictionary = [c for c in CATEGORICAL[name] if c in names]
+            return pq.read_table(parquet, read_dictionary=dictionary), None
+        except (pa.ArrowException, OSError) as e:
+            raise RunFormatError(f"{rel} is corrupt or truncated ({_first_line(e)})") from None
+    if stream.exists():
+        contents = read_stream(stream, SCHEMAS[name], tolerate_truncation=tolerate_truncation)
+        note = None
+        if contents.truncated:
+            note = f"{name}: ignored an incomplete last batch (the writer was killed mid-write)"
+        return contents.table, note
+    return None, None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def conform(name: str, table: pa.Table) -> pa.Table:
+    """Match `table` to the current schema: fill absent nullable columns, cast types,
+    keep unknown extra columns last. A missing required column is an error."""
+    schema = SCHEMAS[name]
+    columns, fields = [], []
+    for f in schema:
+        if f.name in table.column_names:
+            col = table[f.name]
+            base = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+            if base != f.type:
+                try:
+                    col = col.cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    raise RunFormatError(
+                        f"table {name}: column {f.name} is {col.type}, expected {f.type}"
+                    ) from None
+            elif col.null_count and not f.nullable:
+                raise RunFormatError(f"table {name}: column {f.name} has nulls")
+            columns.append(col)
+            fields.append(pa.field(f.name, col.type, nullable=f.nullable))
+        elif f.nullable or table.num_rows == 0:
+            columns.append(pa.nulls(table.num_rows, f.type))
+            fields.append(f)
+        else:
+            raise RunFormatError(f"table {name} lacks the required column {f.name}")
+    for extra in table.column_names:
+        if extra not in schema.names:
+            columns.append(table[extra])
+            fields.append(table.schema.field(extra))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def to_frame(name: str, table: pa.Table) -> pd.DataFrame:
+    """Arrow → pandas with one dtype per column whatever the data: required ints stay
+    int64 (exact ns), nullable ints become Int64 (never float), text is category or string."""
+    data = {}
+    categorical = CATEGORICAL.get(name, frozenset())
+    for f, col in zip(table.schema, table.columns, strict=True):
+        if f.name in categorical:
+            if not pa.types.is_dictionary(col.type):
+                col = col.dictionary_encode()
+            data[f.name] = col.to_pandas()
+        elif pa.types.is_integer(f.type):
+            if f.nullable:
+                data[f.name] = col.to_pandas(types_mapper={f.type: pd.Int64Dtype()}.get)
+            else:
+                data[f.name] = col.to_numpy().astype("int64", copy=False)
+        elif pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+            data[f.name] = col.to_pandas(types_mapper={f.type: pd.StringDtype()}.get)
+        else:
+            data[f.name] = col.to_pandas()
+    return pd.DataFrame(data, copy=False)

@@ -1,0 +1,314 @@
+"""Record a run: append rows in batches to crash-safe Arrow IPC streams, compact on close.
+
+The hot path (`TableAppender.append`) only puts a row tuple into an in-memory list
+(no lock, no I/O); a background thread turns buffers into Arrow record batches and writes
+them at least every `flush_interval_s`. Each batch is a complete IPC message written
+straight to the OS, so a process killed at any point leaves every flushed batch
+readable (the reader ignores an incomplete last message). `close()` compacts the streams
+into Parquet and marks the run complete (or interrupted / crashed).
+
+A writer holds an exclusive `flock` on `.writer.lock` for its lifetime: a reader that can
+take the lock knows no writer is alive, which is how a run that still says "running" is
+recognised as crashed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from .._version import __version__
+from ..errors import ConfigError, PerfdiagError, RunFormatError
+from . import environment
+from .layout import LOCK_FILE, TABLES_DIR, parquet_path, stream_path
+from .manifest import COMPLETE, CRASHED, INTERRUPTED, RUNNING, Manifest, write_manifest
+from .schema import ROW_TYPES, SCHEMA_VERSION, STORAGE_SCHEMAS
+from .stream import iter_stream
+
+MAX_FLUSH_INTERVAL_S = 1.0
+FLUSH_POLL_S = 0.05
+ROW_GROUP_ROWS = 1 << 20  # large row groups read fastest
+
+
+def utc_now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class TableAppender:
+    """Buffers rows of one table for the background flusher.
+
+    `append(row)` is the recording hot path and is nothing but the buffer list's own
+    `append` (atomic under the GIL): no lock, no size check. The flusher takes rows
+    with an atomic slice and deletes exactly those (`del rows[:n]`), so a row appended
+    concurrently is never lost, whatever thread appends it.
+    """
+
+    __slots__ = (
+        "_file", "_io_lock", "_last_write", "_rows", "_stream", "append", "dropped",
+        "extend", "first_error", "name", "rows_written", "schema",
+    )  # fmt: skip
+
+    def __init__(self, name: str, path: Path):
+        self.name = name
+        self.schema = STORAGE_SCHEMAS[name]
+        self._rows: list[tuple] = []
+        self.append = self._rows.append  # a tuple in field order (the row NamedTuples)
+        self.extend = self._rows.extend
+        self._io_lock = threading.Lock()  # keeps batches in append order on disk
+        self._file = pa.OSFile(str(path), "wb")  # unbuffered: each batch reaches the OS
+        self._stream = ipc.new_stream(self._file, self.schema)
+        self._file.flush()
+        self._last_write = time.monotonic()
+        self.rows_written = 0
+        self.dropped = 0
+        self.first_error: str | None = None
+
+    def pending(self) -> int:
+        return len(self._rows)
+
+    def seconds_since_write(self) -> float:
+        return time.monotonic() - self._last_write
+
+    def flush(self) -> None:
+        with self._io_lock:
+            rows = self._rows
+            n = len(rows)
+            chunk = rows[:n]
+            del rows[:n]  # rows appended since len() stay, at the front
+            self._last_write = time.monotonic()
+            if not chunk:
+                return
+            batch = self._to_batch(chunk)
+            if batch.num_rows:
+                self._stream.write_batch(batch)
+                self._file.flush()
+                self.rows_written += batch.num_rows
+
+    def close(self) -> None:
+        self.flush()
+        with self._io_lock:
+            self._stream.close()
+            self._file.close()
+
+    def _to_batch(self, rows: list[tuple]) -> pa.RecordBatch:
+        try:
+            return _rows_to_batch(rows, self.schema)
+        except (pa.ArrowException, ValueError, TypeError):
+            pass
+        # Rare path: keep every good row, count the bad ones (the trust gate reports them).
+        good = []
+        for row in rows:
+            try:
+                _rows_to_batch([row], self.schema)
+                good.append(row)
+            except (pa.ArrowException, ValueError, TypeError) as e:
+                self.dropped += 1
+                if self.first_error is None:
+                    self.first_error = f"{self.name}: {e} in row {row!r}"[:500]
+                    warnings.warn(f"perfdiag dropped a malformed {self.first_error}", stacklevel=1)
+        return (
+            _rows_to_batch(good, self.schema) if good else self.schema.empty_table().to_batches()[0]
+        )
+
+
+def _rows_to_batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:
+    # Converting the tuples as one struct array is the fastest transpose pyarrow offers
+    # (zip(*rows) costs more than the conversion itself). A tuple of the wrong width is
+    # an ArrowInvalid here, never a silently shifted column.
+    batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=pa.struct(list(schema))))
+    for field, column in zip(schema, batch.columns, strict=True):
+        if not field.nullable and column.null_count:
+            raise ValueError(f"column {field.name} may not be null")
+    return batch.cast(schema) if batch.schema != schema else batch
+
+
+class RunWriter:
+    """Writes one run directory. Use as a context manager or call `close(status)`."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        command: list[str] | None = None,
+        config: dict[str, Any] | None = None,
+        source: str = "perfdiag",
+        environment_info: dict[str, Any] | None = None,
+        flush_interval_s: float = 0.5,
+        batch_rows: int = 65536,
+    ):
+        if not 0 < flush_interval_s <= MAX_FLUSH_INTERVAL_S:
+            raise ConfigError(f"flush_interval_s must be in (0, {MAX_FLUSH_INTERVAL_S}]")
+        if batch_rows < 1:
+            raise ConfigError("batch_rows must be at least 1")
+        self.path = Path(path)
+        self._prepare_directory()
+        self._lock_fd = self._take_lock()
+        self._manifest = Manifest(
+            schema_version=SCHEMA_VERSION,
+            perfdiag_version=__version__,
+            run_id=f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}",
+            created_at=utc_now_iso(),
+            status=RUNNING,
+            command=list(sys.argv if command is None else command),
+            config=dict(config or {}),
+            environment=environment_info or environment.fingerprint(),
+            clock=environment.clock_origin(),
+            source=source,
+            writer={"pid": os.getpid(), "host": socket.gethostname()},
+            tables={name: {"format": "arrow-stream"} for name in ROW_TYPES},
+        )
+        write_manifest(self.path, self._manifest)
+        self._tables = {
+            name: TableAppender(name, stream_path(self.path, name)) for name in ROW_TYPES
+        }
+        self._flush_interval_s = flush_interval_s
+        self._batch_rows = batch_rows
+        self._error: BaseException | None = None
+        self._closed = False
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(
+            target=self._flush_loop, name="perfdiag-run-flusher", daemon=True
+        )
+        self._flusher.start()
+
+    # -- recording -----------------------------------------------------------------------
+    def table(self, name: str) -> TableAppender:
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise ConfigError(f"unknown table {name!r}; tables: {', '.join(ROW_TYPES)}") from None
+
+    def append(self, table: str, row: tuple) -> None:
+        self._tables[table].append(row)
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._manifest
+
+    def update_manifest(self, **changes: Any) -> None:
+        """Record more about the run (say, the resolved config) while it is running."""
+        import dataclasses
+
+        self._manifest = dataclasses.replace(self._manifest, **changes)
+        write_manifest(self.path, self._manifest)
+
+    def flush(self) -> None:
+        """Write every buffered row now (the background thread also does this)."""
+        for table in self._tables.values():
+            table.flush()
+        if self._error is not None:
+            raise PerfdiagError(f"{self.path}: writing failed: {self._error}") from self._error
+
+    # -- ending --------------------------------------------------------------------------
+    def close(self, status: str = COMPLETE) -> None:
+        """Flush, compact every table to Parquet and mark the run `status`."""
+        if self._closed:
+            return
+        if status not in (COMPLETE, INTERRUPTED, CRASHED):
+            raise ConfigError(f"a run ends complete, interrupted or crashed, not {status!r}")
+        self._closed = True
+        self._stop.set()
+        self._flusher.join()
+        for table in self._tables.values():
+            table.close()
+        tables = {name: self._compact(name) for name in self._tables}
+        dropped = {n: t.dropped for n, t in self._tables.items() if t.dropped}
+        extra = dict(self._manifest.extra)
+        if dropped:
+            extra["dropped_records"] = dropped
+            extra["first_drop_error"] = next(
+                t.first_error for t in self._tables.values() if t.first_error
+            )
+        self.update_manifest(status=status, ended_at=utc_now_iso(), tables=tables, extra=extra)
+        for name in self._tables:
+            stream_path(self.path, name).unlink(missing_ok=True)
+        self._release_lock()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            status = COMPLETE
+        elif issubclass(exc_type, KeyboardInterrupt):
+            status = INTERRUPTED
+        else:
+            status = CRASHED
+        self.close(status)
+
+    # -- internals -----------------------------------------------------------------------
+    def _prepare_directory(self) -> None:
+        try:
+            if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+                raise ConfigError(f"{self.path}: already exists and is not an empty directory")
+            (self.path / TABLES_DIR).mkdir(parents=True, exist_ok=True)
+        except PermissionError:
+            raise ConfigError(f"{self.path}: cannot create the run directory here") from None
+        except OSError as e:
+            raise ConfigError(f"{self.path}: cannot create the run directory ({e})") from None
+
+    def _take_lock(self) -> int:
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+
+    def _release_lock(self) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+        (self.path / LOCK_FILE).unlink(missing_ok=True)
+
+    def _flush_loop(self) -> None:
+        # Poll often (cheap) so a burst is written once it fills a batch, bounding memory;
+        # write every table at least every flush interval so a crash loses little.
+        while not self._stop.wait(FLUSH_POLL_S):
+            try:
+                for table in self._tables.values():
+                    if (
+                        table.pending() >= self._batch_rows
+                        or table.seconds_since_write() >= self._flush_interval_s
+                    ):
+                        table.flush()
+            except Exception as e:  # surfaced by flush()/close() in the recording thread
+                self._error = e
+                return
+
+    def _compact(self, name: str) -> dict[str, Any]:
+        """Stream the table's IPC file into Parquet, atomically, in bounded memory."""
+        src, dst = stream_path(self.path, name), parquet_path(self.path, name)
+        tmp = dst.with_suffix(".parquet.tmp")
+        rows = 0
+        try:
+            schema = STORAGE_SCHEMAS[name]
+            with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+                pending: list[pa.RecordBatch] = []
+                for batch in iter_stream(src, schema, tolerate_truncation=False):
+                    pending.append(batch)
+                    rows += batch.num_rows
+                    if sum(b.num_rows for b in pending) >= ROW_GROUP_ROWS:
+                        out.write_table(pa.Table.from_batches(pending))
+                        pending = []
+                if pending:
+                    out.write_table(pa.Table.from_batches(pending))
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, dst)
+        except (OSError, pa.ArrowException, RunFormatError) as e:
+            # Keep the stream: a run that failed to compact still reads from it.
+            tmp.unlink(missing_ok=True)
+            return {"format": "arrow-stream", "compact_error": str(e)}
+        return {"format": "parquet", "rows": rows}
