@@ -27,9 +27,15 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 out = Console()
-STATUS_STYLE = {"ok": "green", "warn": "yellow", "missing": "red",
-                "complete": "green", "running": "cyan", "interrupted": "yellow",
-                "crashed": "red"}  # fmt: skip
+STATUS_STYLE = {
+    "ok": "green",
+    "warn": "yellow",
+    "missing": "red",
+    "complete": "green",
+    "running": "cyan",
+    "interrupted": "yellow",
+    "crashed": "red",
+}
 
 
 def _version(value: bool) -> None:
@@ -110,18 +116,25 @@ def _wall(ns: int) -> str:
 def _print_inspect(s: dict, wall_ns) -> None:
     style = STATUS_STYLE.get(s["status"], "")
     out.print(f"[bold]run[/] {s['run_id']}  [{style}]{s['status']}[/]  ({s['path']})")
-    out.print(f"source {s['source']} · schema v{s['schema_version']} · "
-              f"perfdiag {s['perfdiag_version']} · created {s['created_at']}")  # fmt: skip
+    out.print(
+        f"source {s['source']} · schema v{s['schema_version']} · "
+        f"perfdiag {s['perfdiag_version']} · created {s['created_at']}"
+    )
     out.print(f"command: {' '.join(s['command'])}", markup=False, highlight=False)
     env = s["environment"]
     pkgs = env.get("packages", {})
     gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "no GPU recorded"
-    out.print(f"environment: Python {env.get('python')} · torch {pkgs.get('torch')} · "
-              f"triton {pkgs.get('triton')} · {env.get('cpu_model')} · {gpus} · "
-              f"git {env.get('git_revision')}", highlight=False)  # fmt: skip
+    out.print(
+        f"environment: Python {env.get('python')} · torch {pkgs.get('torch')} · "
+        f"triton {pkgs.get('triton')} · {env.get('cpu_model')} · {gpus} · "
+        f"git {env.get('git_revision')}",
+        highlight=False,
+    )
     if s["duration_ns"] is not None:
-        out.print(f"time span: {s['duration_ns'] / 1e9:.6f} s, "
-                  f"{_wall(wall_ns(s['first_ns']))} → {_wall(wall_ns(s['last_ns']))}")  # fmt: skip
+        out.print(
+            f"time span: {s['duration_ns'] / 1e9:.6f} s, "
+            f"{_wall(wall_ns(s['first_ns']))} → {_wall(wall_ns(s['last_ns']))}"
+        )
     table = Table("table", "rows", title_justify="left")
     for name, rows in s["rows"].items():
         table.add_row(name, f"{rows:,}" + (" (absent)" if name in s["missing_tables"] else ""))

@@ -102,21 +102,29 @@ def main() -> None:
         rec = record(Path(tmp) / "hot", make_rows(args.events))
         print(f"writer: {args.events:,} spans appended")
         print(f"  (building a Span row, the probe's own cost: {build_cost_us(args.events):.3f} µs)")
-        print(f"  hot path (append only):           {rec['append_only_us']:.3f} µs/event "
-              f"({1 / rec['append_only_us']:.2f} M events/s)")  # fmt: skip
-        print(f"  amortised (append+convert+write): {rec['amortised_us']:.3f} µs/event "
-              f"({1 / rec['amortised_us']:.2f} M events/s)   target < 2 µs")  # fmt: skip
+        print(
+            f"  hot path (append only):           {rec['append_only_us']:.3f} µs/event "
+            f"({1 / rec['append_only_us']:.2f} M events/s)"
+        )
+        print(
+            f"  amortised (append+convert+write): {rec['amortised_us']:.3f} µs/event "
+            f"({1 / rec['amortised_us']:.2f} M events/s)   target < 2 µs"
+        )
         print(f"  compaction to Parquet:            {rec['compact_s']:.2f} s")
 
         path = Path(tmp) / "load"
         record(path, make_rows(args.spans))
         times = load_seconds(path, args.repeats)
-        print(f"load_run + spans DataFrame, {args.spans:,} spans (Parquet): "
-              f"median {statistics.median(times):.3f} s, best {min(times):.3f} s"
-              "   target < 1 s")  # fmt: skip
+        print(
+            f"load_run + spans DataFrame, {args.spans:,} spans (Parquet): "
+            f"median {statistics.median(times):.3f} s, best {min(times):.3f} s"
+            "   target < 1 s"
+        )
         times = stream_load_seconds(Path(tmp) / "stream", make_rows(args.spans), args.repeats)
-        print(f"load_run + spans DataFrame, {args.spans:,} spans (uncompacted Arrow stream): "
-              f"median {statistics.median(times):.3f} s, best {min(times):.3f} s")  # fmt: skip
+        print(
+            f"load_run + spans DataFrame, {args.spans:,} spans (uncompacted Arrow stream): "
+            f"median {statistics.median(times):.3f} s, best {min(times):.3f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -14,8 +14,20 @@ from ..traces import environment
 
 OK, WARN, MISSING = "ok", "warn", "missing"
 
-PACKAGES = ("perfetto", "textual", "pandas", "pyarrow", "numpy", "typer", "rich",
-            "psutil", "pyyaml", "nvidia-ml-py", "torch-tb-profiler", "tensorboard")  # fmt: skip
+PACKAGES = (
+    "perfetto",
+    "textual",
+    "pandas",
+    "pyarrow",
+    "numpy",
+    "typer",
+    "rich",
+    "psutil",
+    "pyyaml",
+    "nvidia-ml-py",
+    "torch-tb-profiler",
+    "tensorboard",
+)
 
 
 @dataclass(frozen=True)
@@ -27,16 +39,22 @@ class Check:
 
 
 def check_python() -> Check:
-    return Check("python", OK, f"{platform.python_implementation()} {platform.python_version()}"
-                 f" on {platform.platform()}")  # fmt: skip
+    return Check(
+        "python",
+        OK,
+        f"{platform.python_implementation()} {platform.python_version()} on {platform.platform()}",
+    )
 
 
 def check_cpu() -> Check:
     import psutil
 
     mem = psutil.virtual_memory().total / 2**30
-    return Check("cpu", OK, f"{environment.cpu_model()}, {os.cpu_count()} logical cores, "
-                 f"{mem:.1f} GiB memory")  # fmt: skip
+    return Check(
+        "cpu",
+        OK,
+        f"{environment.cpu_model()}, {os.cpu_count()} logical cores, {mem:.1f} GiB memory",
+    )
 
 
 def check_torch() -> tuple[Check, bool]:
@@ -44,13 +62,20 @@ def check_torch() -> tuple[Check, bool]:
     try:
         import torch
     except ImportError as e:
-        return Check("torch", MISSING, f"not importable ({e})",
-                     "install torch (CPU: pip install torch==2.13.0)"), False  # fmt: skip
+        return Check(
+            "torch",
+            MISSING,
+            f"not importable ({e})",
+            "install torch (CPU: pip install torch==2.13.0)",
+        ), False
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     if getattr(torch.version, "hip", None):
         build = f"ROCm {torch.version.hip}"
-    kineto = "torch.profiler (Kineto) available" if torch.profiler.kineto_available() else (
-        "torch.profiler without Kineto")  # fmt: skip
+    kineto = (
+        "torch.profiler (Kineto) available"
+        if torch.profiler.kineto_available()
+        else ("torch.profiler without Kineto")
+    )
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         return Check("torch", OK, f"{torch.__version__} ({build}); GPUs: {names}; {kineto}"), True
@@ -63,22 +88,35 @@ def check_triton(gpu: bool) -> Check:
     try:
         import triton
     except ImportError as e:
-        return Check("triton", MISSING, f"not importable ({e})",
-                     "Triton kernels need triton>=3.7 (Linux)")  # fmt: skip
+        return Check(
+            "triton", MISSING, f"not importable ({e})", "Triton kernels need triton>=3.7 (Linux)"
+        )
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return Check("triton", WARN, f"{triton.__version__}: interpreter forced (TRITON_INTERPRET=1)",
-                     "kernels run in Python: correct but orders of magnitude slower")  # fmt: skip
+        return Check(
+            "triton",
+            WARN,
+            f"{triton.__version__}: interpreter forced (TRITON_INTERPRET=1)",
+            "kernels run in Python: correct but orders of magnitude slower",
+        )
     if gpu:
         return Check("triton", OK, f"{triton.__version__}: kernels compile for the GPU")
-    return Check("triton", WARN, f"{triton.__version__}: no GPU, kernels run only interpreted",
-                 "set TRITON_INTERPRET=1 to run kernels on the CPU (tiny shapes only)")  # fmt: skip
+    return Check(
+        "triton",
+        WARN,
+        f"{triton.__version__}: no GPU, kernels run only interpreted",
+        "set TRITON_INTERPRET=1 to run kernels on the CPU (tiny shapes only)",
+    )
 
 
 def check_nvml() -> Check:
     info = environment.nvml_driver()
     if info.get("nvml") == "ok":
-        return Check("nvml", OK, f"driver {info['driver']}, {info['nvml_gpu_count']} GPU(s): "
-                     "utilisation, clocks, power and memory can be sampled")  # fmt: skip
+        return Check(
+            "nvml",
+            OK,
+            f"driver {info['driver']}, {info['nvml_gpu_count']} GPU(s): "
+            "utilisation, clocks, power and memory can be sampled",
+        )
     return Check("nvml", WARN, f"{info['nvml']}: no device counters (psutil CPU sampling only)")
 
 
@@ -90,8 +128,14 @@ def check_packages() -> list[Check]:
         if version:
             checks.append(Check(name, OK, version))
         elif optional:
-            checks.append(Check(name, WARN, "not installed (optional)",
-                                "pip install 'perfdiag[tensorboard]' for TensorBoard export"))  # fmt: skip
+            checks.append(
+                Check(
+                    name,
+                    WARN,
+                    "not installed (optional)",
+                    "pip install 'perfdiag[tensorboard]' for TensorBoard export",
+                )
+            )
         else:
             checks.append(Check(name, MISSING, "not installed", f"pip install {name}"))
     return checks

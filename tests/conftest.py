@@ -8,11 +8,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import subprocess
+import sys
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -51,16 +51,39 @@ def sample_run(tmp_path):
             RequestEvent("r1", "sent", t0 + 5, side="client"),
         ],
         "steps": [
-            Step(0, t0, t0 + 999_999_999, num_prefill_seqs=1, num_prefill_tokens=12,
-                 kv_blocks_used=3, gpu_time_ns=None),
-            Step(1, t0 + 1_000_000_000, t0 + 1_000_000_001, num_decode_seqs=1,
-                 num_context_tokens=13, num_waiting=0),
-        ],  # fmt: skip
+            Step(
+                0,
+                t0,
+                t0 + 999_999_999,
+                num_prefill_seqs=1,
+                num_prefill_tokens=12,
+                kv_blocks_used=3,
+                gpu_time_ns=None,
+            ),
+            Step(
+                1,
+                t0 + 1_000_000_000,
+                t0 + 1_000_000_001,
+                num_decode_seqs=1,
+                num_context_tokens=13,
+                num_waiting=0,
+            ),
+        ],
         "spans": [
             Span("aten::mm", "cpu_op", t0 + 7, 11, pid=1, tid=2, step_id=0, correlation=5),
-            Span("gemm_kernel", "kernel", t0 + 9, 3, device=0, stream=7, correlation=5,
-                 flops=2**40 + 1, bytes=2**33 + 3, args='{"grid": [1, 2, 3]}'),
-        ],  # fmt: skip
+            Span(
+                "gemm_kernel",
+                "kernel",
+                t0 + 9,
+                3,
+                device=0,
+                stream=7,
+                correlation=5,
+                flops=2**40 + 1,
+                bytes=2**33 + 3,
+                args='{"grid": [1, 2, 3]}',
+            ),
+        ],
         "counters": [
             Counter("kv_blocks_used", t0 + 4, 3.0, "engine"),
             Counter("gpu_util_pct", t0 + 8, 55.5, "gpu0"),

@@ -26,8 +26,17 @@ def test_doctor_reports_every_area_without_a_gpu(cli):
     result = cli("doctor", "--json")
     assert result.returncode == 0, result.stderr
     checks = {c["area"]: c for c in json.loads(result.stdout)}
-    for area in ("python", "cpu", "torch", "triton", "nvml", "perfetto", "textual",
-                 "pandas", "pyarrow"):  # fmt: skip
+    for area in (
+        "python",
+        "cpu",
+        "torch",
+        "triton",
+        "nvml",
+        "perfetto",
+        "textual",
+        "pandas",
+        "pyarrow",
+    ):
         assert area in checks, area
     assert checks["torch"]["status"] in ("ok", "warn")
     assert checks["perfetto"]["status"] == "ok"

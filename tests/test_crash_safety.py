@@ -100,5 +100,5 @@ def test_a_corrupt_stream_in_a_finished_run_is_an_error(tmp_path, sample_run):
     path, _ = sample_run
     (path / "tables" / "spans.parquet").unlink()
     (path / "tables" / "spans.arrows").write_bytes(b"\xff\xff\xff\xff garbage" * 10)
-    with pytest.raises(RunFormatError, match="spans.arrows"):
+    with pytest.raises(RunFormatError, match=r"spans\.arrows"):
         load_run(path)

@@ -69,8 +69,13 @@ def test_manifest_pins_what_a_reproduction_needs(sample_run):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**63 - 1)),
-                min_size=1, max_size=50))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**63 - 1)),
+        min_size=1,
+        max_size=50,
+    )
+)
 def test_any_int64_nanoseconds_survive(tmp_path_factory, values):
     path = tmp_path_factory.mktemp("prop") / "run"
     with RunWriter(path, batch_rows=7) as w:
@@ -161,8 +166,9 @@ def test_missing_required_column_is_an_error():
 
 
 def test_foreign_extra_columns_are_kept():
-    table = pa.table({"name": ["k"], "category": ["kernel"], "start_ns": [1], "dur_ns": [2],
-                      "kineto_ext": ["x"]})  # fmt: skip
+    table = pa.table(
+        {"name": ["k"], "category": ["kernel"], "start_ns": [1], "dur_ns": [2], "kineto_ext": ["x"]}
+    )
     assert conform("spans", table).column_names[-1] == "kineto_ext"
 
 

@@ -20,9 +20,20 @@ from pathlib import Path
 from .._version import __version__
 
 PACKAGES = (
-    "torch", "triton", "numpy", "pandas", "pyarrow", "perfetto", "textual", "typer",
-    "rich", "nvidia-ml-py", "psutil", "pyyaml", "transformers",
-)  # fmt: skip
+    "torch",
+    "triton",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "perfetto",
+    "textual",
+    "typer",
+    "rich",
+    "nvidia-ml-py",
+    "psutil",
+    "pyyaml",
+    "transformers",
+)
 
 
 def package_version(name: str) -> str | None:
@@ -48,12 +59,18 @@ def git_revision(path: Path | None = None) -> str | None:
     try:
         rev = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{rev}-dirty" if dirty else rev

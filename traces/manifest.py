@@ -54,10 +54,19 @@ class Manifest:
 _FIELDS = {f.name: f for f in dataclasses.fields(Manifest)}
 _REQUIRED = [n for n, f in _FIELDS.items() if f.default is dataclasses.MISSING and n != "extra"]
 _TYPES = {
-    "schema_version": int, "perfdiag_version": str, "run_id": str, "created_at": str,
-    "status": str, "command": list, "config": dict, "environment": dict, "clock": dict,
-    "source": str, "writer": dict, "tables": dict,
-}  # fmt: skip
+    "schema_version": int,
+    "perfdiag_version": str,
+    "run_id": str,
+    "created_at": str,
+    "status": str,
+    "command": list,
+    "config": dict,
+    "environment": dict,
+    "clock": dict,
+    "source": str,
+    "writer": dict,
+    "tables": dict,
+}
 
 
 def parse_manifest(text: str, where: str = MANIFEST) -> Manifest:

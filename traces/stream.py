@@ -18,8 +18,9 @@ class StreamContents:
     truncated: bool  # an incomplete last message was ignored
 
 
-def iter_stream(path: Path, schema: pa.Schema, *, tolerate_truncation: bool,
-                state: dict | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
+def iter_stream(
+    path: Path, schema: pa.Schema, *, tolerate_truncation: bool, state: dict | None = None
+) -> Iterator[pa.RecordBatch]:
     """Yield the complete record batches of `path`.
 
     With `tolerate_truncation`, a stream cut short (empty file, a partial schema or batch
@@ -60,7 +61,6 @@ def iter_stream(path: Path, schema: pa.Schema, *, tolerate_truncation: bool,
 
 def read_stream(path: Path, schema: pa.Schema, *, tolerate_truncation: bool) -> StreamContents:
     state: dict = {}
-    batches = list(iter_stream(path, schema, tolerate_truncation=tolerate_truncation,
-                               state=state))  # fmt: skip
+    batches = list(iter_stream(path, schema, tolerate_truncation=tolerate_truncation, state=state))
     file_schema = batches[0].schema if batches else schema
     return StreamContents(pa.Table.from_batches(batches, schema=file_schema), state["truncated"])

@@ -58,9 +58,19 @@ class TableAppender:
     """
 
     __slots__ = (
-        "_file", "_io_lock", "_last_write", "_rows", "_stream", "append", "dropped",
-        "extend", "first_error", "name", "rows_written", "schema",
-    )  # fmt: skip
+        "_file",
+        "_io_lock",
+        "_last_write",
+        "_rows",
+        "_stream",
+        "append",
+        "dropped",
+        "extend",
+        "first_error",
+        "name",
+        "rows_written",
+        "schema",
+    )
 
     def __init__(self, name: str, path: Path):
         self.name = name
