@@ -1,76 +1,17 @@
-"""The `perfdiag` command line. Commands only parse, call into the package and format.
-
-Any PerfdiagError becomes one line on stderr and exit code 1; Ctrl-C exits 130.
-"""
+"""`perfdiag inspect RUN`: a run's identity, status, tables and time span."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._version import __version__
-from .errors import PerfdiagError
-
-app = typer.Typer(
-    name="perfdiag",
-    help="Profile and diagnose LLM inference: capture runs, analyse them, follow the triage.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_show_locals=False,
-)
-out = Console()
-STATUS_STYLE = {
-    "ok": "green",
-    "warn": "yellow",
-    "missing": "red",
-    "complete": "green",
-    "running": "cyan",
-    "interrupted": "yellow",
-    "crashed": "red",
-}
-
-
-def _version(value: bool) -> None:
-    if value:
-        print(f"perfdiag {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
-    ] = False,
-) -> None:
-    """perfdiag: profiling and performance diagnosis for LLM inference."""
-
-
-@app.command()
-def doctor(
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-) -> None:
-    """What this machine offers for profiling (run this first when something looks off)."""
-    from .probes.doctor import run_checks
-
-    checks = run_checks()
-    if as_json:
-        print(json.dumps([c.__dict__ for c in checks], indent=2))
-        return
-    table = Table(title=f"perfdiag {__version__} doctor", title_justify="left")
-    for column in ("area", "status", "what is here", "hint"):
-        table.add_column(column, overflow="fold")
-    for c in checks:
-        style = STATUS_STYLE.get(c.status, "")
-        table.add_row(c.area, f"[{style}]{c.status}[/]", escape(c.summary), escape(c.hint))
-    out.print(table)
+from .app import STATUS_STYLE, app, out
 
 
 @app.command()
@@ -79,7 +20,7 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Summarise a run: identity, status, environment, table row counts and time span."""
-    from .traces.reader import load_run
+    from ..traces.reader import load_run
 
     r = load_run(run)
     m = r.manifest
@@ -143,14 +84,3 @@ def _print_inspect(s: dict, wall_ns) -> None:
         out.print(f"[yellow]dropped[/] {n} malformed {name} record(s) while recording")
     for w in s["warnings"]:
         out.print(f"[yellow]note[/] {escape(w)}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    try:
-        app(args=argv, prog_name="perfdiag", standalone_mode=True)
-    except PerfdiagError as e:
-        print(f"perfdiag: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("perfdiag: interrupted", file=sys.stderr)
-        sys.exit(130)

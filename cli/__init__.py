@@ -1,0 +1,10 @@
+"""The `perfdiag` command line. Commands only parse, call into the package and format.
+
+One module per command; importing it registers the command on `app`. Any PerfdiagError
+becomes one line on stderr and exit code 1; Ctrl-C exits 130.
+"""
+
+from . import doctor, inspect  # noqa: F401  (registers the commands)
+from .app import app, main
+
+__all__ = ["app", "main"]
