@@ -122,7 +122,7 @@ def test_interrupt_marks_the_run_interrupted_and_keeps_it(tmp_path):
 def test_an_exception_marks_the_run_crashed_and_keeps_it(tmp_path):
     path = tmp_path / "run"
     with pytest.raises(RuntimeError), RunWriter(path) as w:
-        w.table("steps").append((0, 1, 2, 0, 0, 0, 0) + (None,) * 9)
+        w.table("steps").append(Step(0, 1, 2))
         raise RuntimeError("engine died")
     run = load_run(path)
     assert run.status == "crashed" and len(run.steps) == 1

@@ -51,6 +51,7 @@ class RequestEvent(NamedTuple):
     side: str = "engine"  # client | engine
     step_id: int | None = None  # the engine step the event happened in
     num_tokens: int | None = None  # tokens in a prefill chunk or in a delivered chunk
+    detail: str | None = None  # preemption mode, finish reason, rejection message…
 
 
 class Step(NamedTuple):
@@ -72,6 +73,8 @@ class Step(NamedTuple):
     kv_blocks_cached: int | None = None
     gpu_time_ns: int | None = None  # from CUDA events, when on a GPU
     rank: int | None = None
+    num_cached_tokens: int | None = None  # prefix-cache hits of requests admitted this step
+    kv_cpu_blocks_used: int | None = None  # the swap tier
 
 
 class Span(NamedTuple):
@@ -123,7 +126,7 @@ CATEGORICAL: dict[str, frozenset[str]] = {
 
 # Vocabularies: documented, not enforced, so foreign traces can bring their own.
 REQUEST_EVENT_KINDS = (
-    "created", "scheduled_send", "client_wait", "sent",  # client side
+    "scheduled_send", "created", "sent",  # client side (and first_token, chunk, done)
     "arrival", "tokenize_start", "tokenize_end", "queued", "scheduled",  # engine side
     "prefill_chunk", "first_token", "token", "chunk", "preempted", "resumed",
     "finished", "aborted", "done",

@@ -1,0 +1,337 @@
+"""Workloads: what a run asks of an engine, independent of how requests are delivered.
+
+A `WorkloadSpec` (frozen, validated) says how many requests, how they arrive (closed
+loop at a fixed concurrency; open loop at a target rate with constant, Poisson or gamma
+inter-arrivals, optionally under a concurrency cap), their prompt and output lengths,
+shared-prefix groups, cancellations and warm-up. `plan(spec, vocab_size)` turns it into
+the exact list of requests, reproducibly from the seed: each random aspect draws from its
+own stream, so changing the rate never reshuffles prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+ARRIVAL_PROCESSES = ("constant", "poisson", "gamma")
+LENGTH_KINDS = ("fixed", "uniform", "lognormal")
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    """A token-length distribution: fixed, uniform [low, high] or lognormal (long tail)."""
+
+    kind: str = "fixed"
+    value: int = 128  # fixed
+    low: int = 1  # uniform bounds, and clipping bounds for lognormal
+    high: int = 128
+    median: float = 128.0  # lognormal
+    sigma: float = 0.5
+
+    def __post_init__(self) -> None:
+        _require(self.kind in LENGTH_KINDS, f"length kind {self.kind!r} is not {LENGTH_KINDS}")
+        if self.kind == "fixed":
+            _require(self.value >= 1, f"a fixed length must be >= 1, got {self.value}")
+        else:
+            _require(
+                1 <= self.low <= self.high, f"need 1 <= low <= high, got {self.low}..{self.high}"
+            )
+        if self.kind == "lognormal":
+            _require(self.median >= 1 and self.sigma > 0, "lognormal needs median >= 1, sigma > 0")
+
+    @property
+    def max(self) -> int:
+        return self.value if self.kind == "fixed" else self.high
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "fixed":
+            return np.full(n, self.value, dtype=np.int64)
+        if self.kind == "uniform":
+            return rng.integers(self.low, self.high, size=n, endpoint=True)
+        drawn = rng.lognormal(math.log(self.median), self.sigma, size=n)
+        return np.clip(np.rint(drawn), self.low, self.high).astype(np.int64)
+
+    @classmethod
+    def parse(cls, text: str | int | dict) -> LengthSpec:
+        """`128`, `uniform:32:256`, `lognormal:MEDIAN:SIGMA[:LOW:HIGH]`, or a mapping."""
+        if isinstance(text, dict):
+            return _from_mapping(cls, text, "length")
+        if isinstance(text, int) or str(text).isdigit():
+            return cls("fixed", value=int(text))
+        kind, *nums = str(text).split(":")
+        try:
+            if kind == "uniform" and len(nums) == 2:
+                return cls("uniform", low=int(nums[0]), high=int(nums[1]))
+            if kind == "lognormal" and len(nums) in (2, 4):
+                low, high = (int(nums[2]), int(nums[3])) if len(nums) == 4 else (1, 8192)
+                return cls("lognormal", median=float(nums[0]), sigma=float(nums[1]),
+                           low=low, high=high)  # fmt: skip
+        except ValueError:
+            pass
+        raise ConfigError(
+            f"bad length {text!r}: use N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:LOW:HIGH]"
+        )
+
+
+@dataclass(frozen=True)
+class ArrivalSpec:
+    """Closed loop (`concurrency` clients, each sending when its last request ends) or open
+    loop (`rate` requests/s; `concurrency`, when set, caps requests in flight)."""
+
+    mode: str = "closed"
+    concurrency: int | None = None  # closed: the number of clients; open: the cap, if any
+    rate: float | None = None
+    process: str = "poisson"
+    burstiness: float = 1.0  # gamma shape: 1 is Poisson, < 1 burstier, > 1 smoother
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ("closed", "open"), f"arrival mode {self.mode!r}: closed or open")
+        _require(self.process in ARRIVAL_PROCESSES, f"arrival process {self.process!r}?")
+        if self.mode == "closed":
+            _require(self.concurrency is not None and self.concurrency >= 1,
+                     "a closed loop needs concurrency >= 1")  # fmt: skip
+        else:
+            _require(self.rate is not None and self.rate > 0, "an open loop needs rate > 0")
+            _require(self.concurrency is None or self.concurrency >= 1,
+                     "a concurrency cap must be >= 1")  # fmt: skip
+        _require(self.burstiness > 0, "burstiness must be > 0")
+
+
+@dataclass(frozen=True)
+class PrefixSpec:
+    """`groups` shared prefixes of `length` tokens; requests pick one with Zipf weights
+    (`skew` 0 is uniform, larger skews make a few prefixes hot and the rest cold)."""
+
+    groups: int = 4
+    length: int = 64
+    skew: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.groups >= 1 and self.length >= 1, "shared prefix needs groups, length >= 1")
+        _require(self.skew >= 0, "prefix skew must be >= 0")
+
+
+@dataclass(frozen=True)
+class CancelSpec:
+    """Cancel a `fraction` of requests after `after_tokens` output tokens or `after_s`."""
+
+    fraction: float = 0.0
+    after_tokens: int | None = None
+    after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.fraction <= 1, "cancel fraction must be within [0, 1]")
+        if self.fraction > 0:
+            _require(self.after_tokens is not None or self.after_s is not None,
+                     "cancellation needs after_tokens or after_s")  # fmt: skip
+        _require(self.after_tokens is None or self.after_tokens >= 0, "after_tokens >= 0")
+        _require(self.after_s is None or self.after_s >= 0, "after_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str = "custom"
+    requests: int = 32
+    warmup: int = 0
+    seed: int = 0
+    arrival: ArrivalSpec = field(default_factory=lambda: ArrivalSpec("closed", concurrency=4))
+    prompt_len: LengthSpec = field(default_factory=lambda: LengthSpec("fixed", value=64))
+    output_len: LengthSpec = field(default_factory=lambda: LengthSpec("fixed", value=32))
+    shared_prefix: PrefixSpec | None = None
+    cancel: CancelSpec = field(default_factory=CancelSpec)
+    replay: str | None = None  # JSONL file of requests
+    replay_timestamps: bool = False  # use the file's timestamp_s as the arrival schedule
+
+    def __post_init__(self) -> None:
+        _require(self.requests >= 1, "a workload needs at least one request")
+        _require(0 <= self.warmup < self.requests, "warmup must be within [0, requests)")
+        _require(self.seed >= 0, "seed must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    index: int
+    request_id: str
+    offset_s: float | None  # open loop: send time after the run's start; closed: None
+    prompt_ids: tuple[int, ...] | None
+    prompt_text: str | None
+    max_tokens: int
+    prefix_group: int | None = None
+    cancel_after_tokens: int | None = None
+    cancel_after_s: float | None = None
+    is_warmup: bool = False
+
+    @property
+    def prompt_len(self) -> int | None:
+        return len(self.prompt_ids) if self.prompt_ids is not None else None
+
+
+def _from_mapping(cls, data: dict, what: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    _require(not unknown, f"unknown {what} keys: {', '.join(sorted(unknown))}")
+    try:
+        return cls(**data)
+    except TypeError as e:
+        raise ConfigError(f"bad {what}: {e}") from None
+
+
+def spec_from_mapping(data: dict[str, Any]) -> WorkloadSpec:
+    """Build a spec from parsed YAML/JSON (nested mappings for the sub-specs)."""
+    _require(isinstance(data, dict), "a workload must be a mapping")
+    data = dict(data)
+    subs = {"arrival": ArrivalSpec, "shared_prefix": PrefixSpec, "cancel": CancelSpec}
+    for key, cls in subs.items():
+        if isinstance(data.get(key), dict):
+            data[key] = _from_mapping(cls, data[key], key)
+    for key in ("prompt_len", "output_len"):
+        if key in data:
+            data[key] = LengthSpec.parse(data[key])
+    return _from_mapping(WorkloadSpec, data, "workload")
+
+
+def plan(spec: WorkloadSpec, vocab_size: int) -> list[PlannedRequest]:
+    """The exact requests of a run: same spec and seed, same requests."""
+    _require(vocab_size >= 2, "vocab_size must be >= 2")
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(6)]
+    rng_arrival, rng_len, rng_tokens, rng_prefix, rng_cancel, rng_replay = streams
+    if spec.replay:
+        return _plan_replay(spec, vocab_size, rng_replay, rng_cancel)
+    n = spec.requests
+    prompt_lens = spec.prompt_len.sample(rng_len, n)
+    output_lens = spec.output_len.sample(rng_len, n)
+    groups, prefixes = _prefix_groups(spec, n, vocab_size, rng_prefix)
+    offsets = arrival_offsets(spec.arrival, n, rng_arrival)
+    cancels = _cancel_mask(spec, n, rng_cancel)
+    planned = []
+    for i in range(n):
+        suffix = rng_tokens.integers(0, vocab_size, size=int(prompt_lens[i])).tolist()
+        group = None if groups is None else int(groups[i])
+        ids = (prefixes[group] if group is not None else []) + suffix
+        planned.append(
+            _planned(spec, i, offsets, tuple(ids), None, int(output_lens[i]), group, cancels[i])
+        )
+    return planned
+
+
+def _planned(spec, i, offsets, ids, text, max_tokens, group, cancel) -> PlannedRequest:
+    return PlannedRequest(
+        index=i,
+        request_id=f"req-{i:06d}",
+        offset_s=None if offsets is None else float(offsets[i]),
+        prompt_ids=ids,
+        prompt_text=text,
+        max_tokens=max_tokens,
+        prefix_group=group,
+        cancel_after_tokens=spec.cancel.after_tokens if cancel else None,
+        cancel_after_s=spec.cancel.after_s if cancel else None,
+        is_warmup=i < spec.warmup,
+    )
+
+
+def arrival_offsets(arrival: ArrivalSpec, n: int, rng: np.random.Generator) -> np.ndarray | None:
+    """Send times (s after start) on an absolute schedule; None for a closed loop."""
+    if arrival.mode == "closed":
+        return None
+    mean = 1.0 / arrival.rate
+    if arrival.process == "constant":
+        gaps = np.full(n, mean)
+    elif arrival.process == "poisson":
+        gaps = rng.exponential(mean, size=n)
+    else:
+        shape = arrival.burstiness
+        gaps = rng.gamma(shape, mean / shape, size=n)
+    gaps[0] = 0.0  # the first request goes at the start
+    return np.cumsum(gaps)
+
+
+def _prefix_groups(spec, n, vocab_size, rng):
+    sp = spec.shared_prefix
+    if sp is None:
+        return None, []
+    weights = 1.0 / np.arange(1, sp.groups + 1) ** sp.skew
+    groups = rng.choice(sp.groups, size=n, p=weights / weights.sum())
+    prefixes = [rng.integers(0, vocab_size, size=sp.length).tolist() for _ in range(sp.groups)]
+    return groups, prefixes
+
+
+def _cancel_mask(spec, n, rng) -> list[bool]:
+    if spec.cancel.fraction == 0:
+        return [False] * n
+    k = round(spec.cancel.fraction * n)
+    mask = np.zeros(n, dtype=bool)
+    mask[rng.choice(n, size=k, replace=False)] = True
+    return mask.tolist()
+
+
+def _plan_replay(spec, vocab_size, rng, rng_cancel) -> list[PlannedRequest]:
+    path = Path(spec.replay)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the replay file ({e.strerror})") from None
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(_replay_row(json.loads(line), vocab_size, rng))
+        except (json.JSONDecodeError, ConfigError, TypeError, ValueError) as e:
+            raise ConfigError(f"{path}:{lineno}: {e}") from None
+    _require(rows, f"{path}: no requests")
+    rows = rows[: spec.requests] if spec.requests < len(rows) else rows
+    n = len(rows)
+    if spec.replay_timestamps:
+        stamps = [r[3] for r in rows]
+        _require(all(s is not None for s in stamps), f"{path}: every line needs timestamp_s")
+        offsets = np.asarray(stamps, dtype=float) - stamps[0]
+        _require(bool(np.all(np.diff(offsets) >= 0)), f"{path}: timestamps must not decrease")
+    else:
+        offsets = arrival_offsets(spec.arrival, n, rng)
+    cancels = _cancel_mask(spec, n, rng_cancel)
+    replay_spec = dataclasses.replace(spec, warmup=min(spec.warmup, n - 1))
+    return [
+        _planned(replay_spec, i, offsets, ids, text, out, group, cancels[i])
+        for i, (ids, text, out, _, group) in enumerate(rows)
+    ]
+
+
+def _replay_row(obj: Any, vocab_size: int, rng: np.random.Generator):
+    if not isinstance(obj, dict):
+        raise ConfigError("each line must be a JSON object")
+    out = obj.get("max_tokens", obj.get("output_tokens"))
+    if not isinstance(out, int) or out < 1:
+        raise ConfigError("max_tokens (or output_tokens) must be an integer >= 1")
+    ids, text = None, None
+    if "prompt_ids" in obj:
+        ids = tuple(int(t) for t in obj["prompt_ids"])
+        if not ids or min(ids) < 0 or max(ids) >= vocab_size:
+            raise ConfigError(f"prompt_ids must be non-empty ids below {vocab_size}")
+    elif "prompt_tokens" in obj:
+        n = int(obj["prompt_tokens"])
+        if n < 1:
+            raise ConfigError("prompt_tokens must be >= 1")
+        ids = tuple(rng.integers(0, vocab_size, size=n).tolist())
+    elif isinstance(obj.get("prompt"), str) and obj["prompt"]:
+        text = obj["prompt"]
+    else:
+        raise ConfigError("give prompt (text), prompt_ids or prompt_tokens")
+    stamp = obj.get("timestamp_s")
+    group = obj.get("prefix_group")
+    return ids, text, out, None if stamp is None else float(stamp), group
