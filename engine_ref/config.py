@@ -1,0 +1,261 @@
+"""Engine configuration: frozen dataclasses validated on construction, and the model presets.
+
+Configs are built once at the edge and passed down; nothing below reads the environment.
+Invalid values raise `ConfigError` (a `PerfdiagError`) with one line saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from ..errors import ConfigError
+
+ARCHITECTURES = ("llama", "qwen2")
+ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("sdpa", "naive")
+PREEMPTION_MODES = ("recompute", "swap")
+POLICIES = ("fcfs", "prefix")
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary position embedding settings (Hugging Face `rope_parameters` vocabulary)."""
+
+    theta: float = 10000.0
+    type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        _require(self.theta > 0, f"rope theta must be > 0, got {self.theta}")
+        _require(self.type in ROPE_TYPES, f"rope type {self.type!r} is not one of {ROPE_TYPES}")
+        _require(self.factor > 0, f"rope factor must be > 0, got {self.factor}")
+        if self.type == "llama3":
+            _require(
+                self.high_freq_factor > self.low_freq_factor > 0,
+                "llama3 rope needs high_freq_factor > low_freq_factor > 0",
+            )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    architecture: str = "llama"
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 has q/k/v biases
+    o_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    initializer_range: float = 0.02
+    seed: int = 0
+    # Where the weights come from: "random" (initialised from `seed`) or "ckpt:<digest>".
+    # It is part of the prefix-cache fingerprint, so another checkpoint never hits.
+    weights: str = "random"
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0 and self.num_heads > 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers"):
+            _require(getattr(self, name) >= 1, f"model {name} must be >= 1")
+        _require(self.num_heads >= 1 and self.num_kv_heads >= 1, "model needs >= 1 head")
+        _require(
+            self.num_heads % self.num_kv_heads == 0,
+            f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+            f"({self.num_kv_heads})",
+        )
+        _require(self.head_dim >= 2 and self.head_dim % 2 == 0, "head_dim must be even, >= 2")
+        _require(self.architecture in ARCHITECTURES, f"architecture {self.architecture!r}?")
+        _require(self.rms_norm_eps > 0, "rms_norm_eps must be > 0")
+        _require(self.max_position_embeddings >= 2, "max_position_embeddings must be >= 2")
+        _require(self.initializer_range > 0, "initializer_range must be > 0")
+        for t in (
+            *self.eos_token_ids,
+            *(() if self.bos_token_id is None else (self.bos_token_id,)),
+        ):
+            _require(0 <= t < self.vocab_size, f"special token id {t} outside the vocabulary")
+
+    @property
+    def num_params(self) -> int:
+        h, d = self.hidden_size, self.head_dim
+        qkv = h * (self.num_heads + 2 * self.num_kv_heads) * d
+        attn = qkv + self.num_heads * d * h
+        if self.qkv_bias:
+            attn += (self.num_heads + 2 * self.num_kv_heads) * d
+        layer = attn + 3 * h * self.intermediate_size + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.num_layers * layer + self.vocab_size * h + head + h
+
+    def fingerprint(self, dtype: str) -> bytes:
+        """Identity of everything that shapes the KV a token produces: architecture, weights,
+        dtype and RoPE settings. Prefix-cache keys are chained from it."""
+        fields = asdict(self)
+        fields.pop("name")
+        text = repr(sorted(fields.items())) + f"|dtype={dtype}"
+        return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> ModelConfig:
+        if name not in PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+        return replace(PRESETS[name], **overrides)
+
+
+# The byte tokenizer has 256 byte ids + BOS 256 + EOS 257 + PAD 258.
+BYTE_VOCAB = 259
+PRESETS: dict[str, ModelConfig] = {
+    # Tests: milliseconds per step. A wide initialiser spreads the logits so greedy argmax has
+    # clear winners (no fp32 near-ties between the paged engine and the dense reference).
+    "tiny": ModelConfig(
+        name="tiny",
+        vocab_size=BYTE_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=256,
+        eos_token_ids=(257,),
+        initializer_range=0.1,
+    ),
+    # The CPU demo default: ~24 M parameters, 8 layers, GQA 8:2.
+    "small": ModelConfig(
+        name="small",
+        vocab_size=BYTE_VOCAB,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=256,
+        eos_token_ids=(257,),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV pool: fixed-size blocks on the device, a CPU swap tier, a prefix cache."""
+
+    block_size: int = 16
+    num_gpu_blocks: int | None = None  # None: as many as `kv_cache_bytes` holds
+    kv_cache_bytes: int = 256 * 2**20
+    num_cpu_blocks: int | None = None  # None: as many as the device pool; 0 disables swap
+    enable_prefix_caching: bool = True
+    watermark: float = 0.01  # fraction of the pool admission always leaves free
+    # Debug mode: the block manager records owners and the runner checks every slot it
+    # reads or writes against them (tests turn it on; it costs Python time per step).
+    check_ownership: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1, "block_size must be >= 1")
+        _require(
+            self.num_gpu_blocks is None or self.num_gpu_blocks >= 1, "num_gpu_blocks must be >= 1"
+        )
+        _require(self.kv_cache_bytes >= 1, "kv_cache_bytes must be >= 1")
+        _require(
+            self.num_cpu_blocks is None or self.num_cpu_blocks >= 0, "num_cpu_blocks must be >= 0"
+        )
+        _require(0.0 <= self.watermark < 1.0, "watermark must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching: token budget, sequence cap, chunked prefill, preemption, fairness."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    chunk_size: int = 512  # most prefill tokens one request gets in one step
+    preemption_mode: str = "recompute"
+    # "fcfs": arrival order; "prefix": longest cached prefix first (cache-friendly). Either way
+    # a request waiting longer than `max_wait_ms` goes first.
+    policy: str = "fcfs"
+    max_wait_ms: float | None = 2000.0
+    # Admission keeps KV free for each running request's next `decode_reserve_tokens` tokens
+    # (decode growth), on top of the watermark, instead of admitting on "free now".
+    decode_reserve_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
+        _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1")
+        _require(self.chunk_size >= 1, "chunk_size must be >= 1")
+        _require(
+            self.preemption_mode in PREEMPTION_MODES,
+            f"preemption_mode {self.preemption_mode!r} is not one of {PREEMPTION_MODES}",
+        )
+        _require(self.policy in POLICIES, f"policy {self.policy!r} is not one of {POLICIES}")
+        _require(
+            self.max_wait_ms is None or (math.isfinite(self.max_wait_ms) and self.max_wait_ms >= 0),
+            "max_wait_ms must be None or a finite number >= 0",
+        )
+        _require(self.decode_reserve_tokens >= 0, "decode_reserve_tokens must be >= 0")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=lambda: ModelConfig.preset("small"))
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "cpu"
+    dtype: str = "float32"
+    attention_backend: str = "sdpa"
+    max_model_len: int = 0  # 0: the model's max_position_embeddings
+    seed: int = 0  # the sampler's generator for requests without their own seed
+    model_path: str | None = None  # a local Hugging Face directory whose weights to load
+
+    def __post_init__(self) -> None:
+        if self.max_model_len == 0:
+            object.__setattr__(self, "max_model_len", self.model.max_position_embeddings)
+        _require(self.dtype in DTYPES, f"dtype {self.dtype!r} is not one of {DTYPES}")
+        _require(
+            self.device == "cpu" or self.device.startswith("cuda"),
+            f"device {self.device!r}: use 'cpu' or 'cuda[:N]'",
+        )
+        _require(
+            self.attention_backend in ATTENTION_BACKENDS,
+            f"attention_backend {self.attention_backend!r} is not one of {ATTENTION_BACKENDS}",
+        )
+        _require(
+            2 <= self.max_model_len <= self.model.max_position_embeddings,
+            f"max_model_len {self.max_model_len} must be in "
+            f"[2, {self.model.max_position_embeddings}]",
+        )
+        sched = self.scheduler
+        if not sched.enable_chunked_prefill:
+            # Without chunking a whole prompt must fit one step's budget.
+            _require(
+                sched.max_num_batched_tokens >= self.max_model_len,
+                f"without chunked prefill max_num_batched_tokens "
+                f"({sched.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len})",
+            )
+
+    @property
+    def max_wait_ns(self) -> int | None:
+        ms = self.scheduler.max_wait_ms
+        return None if ms is None else int(ms * 1_000_000)

@@ -1,0 +1,130 @@
+"""The hook interface: what an observer (perfdiag's probes) receives from the engine.
+
+The engine holds at most one observer. Every hook site is guarded by a single
+`if observer is not None`, and timestamps are taken inside the guard, so an engine without
+an observer pays nothing else. Every timestamp is an int from `time.monotonic_ns()`.
+
+Events map 1:1 to rows of the run's tables: `RequestEvent` to the requests table,
+`StepEvent` to the engine-steps table, `PhaseEvent` to spans within a step.
+
+Threads: step events and most request events come from the thread that calls `step()`;
+ARRIVED, TOKENIZED, QUEUED and ABORTED may come from the thread that calls
+`add_request()` / `abort()` (the asyncio loop, with `AsyncLLMEngine`). Observers must
+tolerate that (appending to a list is enough in CPython).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import NamedTuple
+
+NO_STEP = -1  # step_id of an event that happened outside any step
+
+
+class RequestEventKind(str, Enum):
+    """What happened to a request. `num_tokens` of the event means, per kind:"""
+
+    ARRIVED = "arrived"  # prompt tokens if given as ids, else 0; ts_ns = the arrival time
+    TOKENIZED = "tokenized"  # prompt tokens
+    QUEUED = "queued"  # prompt tokens; entered the waiting queue
+    SCHEDULED = "scheduled"  # tokens scheduled at admission; num_cached_tokens = prefix hits
+    PREFILL_CHUNK = "prefill_chunk"  # prompt (or recomputed) tokens computed in this step
+    FIRST_TOKEN = "first_token"  # 1: the first output token was sampled
+    TOKEN = "token"  # output tokens so far (2, 3, ...): one event per later output token
+    PREEMPTED = "preempted"  # computed tokens at preemption; detail = "recompute" | "swap"
+    RESUMED = "resumed"  # tokens to compute; detail = "recompute" | "swap"
+    FINISHED = "finished"  # output tokens; detail = "stop" | "length" | "abort"
+    ABORTED = "aborted"  # output tokens when abort() was called; FINISHED follows on release
+
+
+class RequestEvent(NamedTuple):
+    request_id: str
+    kind: RequestEventKind
+    ts_ns: int
+    step_id: int
+    num_tokens: int
+    num_cached_tokens: int = 0
+    detail: str = ""
+
+
+class StepPhase(str, Enum):
+    SCHEDULE = "schedule"  # admission, preemption, swap copies
+    PREPARE = "prepare_inputs"  # token ids, positions, slot mapping, block tables
+    FORWARD = "forward"  # model forward incl. logits (host time: on CUDA it ends at launch)
+    SAMPLE = "sample"  # sampling; copies the tokens to the host, so it synchronises
+    POSTPROCESS = "post_process"  # append tokens, stop checks, cache blocks, free, aborts
+
+
+class StepBegin(NamedTuple):
+    step_id: int
+    start_ns: int
+
+
+class PhaseEvent(NamedTuple):
+    step_id: int
+    phase: StepPhase
+    start_ns: int
+    end_ns: int
+
+
+class StepEvent(NamedTuple):
+    """One engine step. Counts describe the batch the step ran; KV counts and queue depths
+    are taken after scheduling, i.e. the state the forward ran in."""
+
+    step_id: int
+    start_ns: int
+    end_ns: int
+    num_prefill_tokens: int
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    num_context_tokens: int  # sum of context lengths the attention read
+    num_cached_tokens: int  # prefix-cache hits of requests admitted in this step
+    kv_blocks_used: int  # referenced by a request
+    kv_blocks_free: int  # allocatable: empty, or cached but unreferenced (evictable)
+    kv_blocks_cached: int  # holding a registered prefix hash (referenced or not)
+    cpu_blocks_used: int  # the swap tier
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    num_preemptions: int
+
+
+class EngineObserver:
+    """Base class with no-op methods: subclass and override what you record."""
+
+    def on_request(self, event: RequestEvent) -> None:
+        pass
+
+    def on_step_begin(self, event: StepBegin) -> None:
+        pass
+
+    def on_phase(self, event: PhaseEvent) -> None:
+        pass
+
+    def on_step(self, event: StepEvent) -> None:
+        pass
+
+
+class RecordingObserver(EngineObserver):
+    """Keeps every event in lists; used by tests and handy for quick looks."""
+
+    def __init__(self) -> None:
+        self.requests: list[RequestEvent] = []
+        self.step_begins: list[StepBegin] = []
+        self.phases: list[PhaseEvent] = []
+        self.steps: list[StepEvent] = []
+
+    def on_request(self, event: RequestEvent) -> None:
+        self.requests.append(event)
+
+    def on_step_begin(self, event: StepBegin) -> None:
+        self.step_begins.append(event)
+
+    def on_phase(self, event: PhaseEvent) -> None:
+        self.phases.append(event)
+
+    def on_step(self, event: StepEvent) -> None:
+        self.steps.append(event)
+
+    def of(self, request_id: str) -> list[RequestEvent]:
+        return [e for e in self.requests if e.request_id == request_id]

@@ -1,0 +1,130 @@
+"""Turns a scheduled batch into tensors, runs the model over the paged cache, samples.
+
+Batch layout: every scheduled token of every request flattened into one [T] vector;
+single-token requests (decodes) first, then prefill chunks. Request r with `start =
+r.num_computed_tokens` computes tokens [start, start + n) at those positions, writing their
+K/V to `slot = block_table[pos // block_size] * block_size + pos % block_size`. A request
+samples when the step computes its last known token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttentionMetadata, PrefillSlice
+from .block_manager import BlockManager
+from .kv_cache import KVCache
+from .model import LlamaModel
+from .request import Request
+from .sampler import Sampler
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    batch: list[tuple[Request, int]]  # in batch order
+    sample_idx: torch.Tensor  # index of the last token of each request that samples
+    sample_reqs: list[Request]
+    num_context_tokens: int
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_cache: KVCache,
+        block_size: int,
+        sampler: Sampler,
+        guard: BlockManager | None = None,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.sampler = sampler
+        self.device = kv_cache.device
+        self.guard = guard  # a block manager in check mode vets every block a step touches
+
+    def prepare(self, scheduled: list[tuple[Request, int]]) -> ModelInput:
+        bs, dev = self.block_size, self.device
+        batch = [x for x in scheduled if x[1] == 1] + [x for x in scheduled if x[1] > 1]
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        sample_idx: list[int] = []
+        sample_reqs: list[Request] = []
+        decode_tables: list[list[int]] = []
+        decode_ctx: list[int] = []
+        prefills: list[PrefillSlice] = []
+        num_context = 0
+        for r, n in batch:
+            start, end, bt = r.num_computed_tokens, r.num_computed_tokens + n, r.block_table
+            offset = len(ids)
+            ids.extend(r.all_token_ids[start:end])
+            pos.extend(range(start, end))
+            new_slots = [bt[p // bs] * bs + p % bs for p in range(start, end)]
+            slots.extend(new_slots)
+            used = bt[: -(-end // bs)]
+            num_context += end
+            if n == 1:
+                decode_tables.append(used)
+                decode_ctx.append(end)
+            else:
+                mask = None
+                if start:  # queries at start.. attend to keys 0..their own position
+                    q = torch.arange(start, end, device=dev)[:, None]
+                    mask = torch.arange(end, device=dev)[None, :] <= q
+                ids_t = torch.tensor(used, dtype=torch.long, device=dev)
+                prefills.append(PrefillSlice(offset, offset + n, end, ids_t, mask))
+            if end == r.num_tokens:
+                sample_idx.append(offset + n - 1)
+                sample_reqs.append(r)
+            if self.guard is not None:
+                self.guard.check_access(r.request_id, used, {s // bs for s in new_slots})
+                self.guard.pin(used)
+        tables = ctx_mask = None
+        if decode_tables:
+            width = max(len(t) for t in decode_tables)
+            # Pad with the request's own last block: the masked padding reads nothing foreign.
+            padded = [t + [t[-1]] * (width - len(t)) for t in decode_tables]
+            tables = torch.tensor(padded, dtype=torch.long, device=dev)
+            ctx = torch.tensor(decode_ctx, device=dev)
+            ctx_mask = torch.arange(width * bs, device=dev)[None, :] < ctx[:, None]
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decode=len(decode_tables),
+            decode_block_tables=tables,
+            decode_mask=ctx_mask,
+            prefills=prefills,
+        )
+        return ModelInput(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(pos, dtype=torch.long, device=dev),
+            meta=meta,
+            batch=batch,
+            sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=dev),
+            sample_reqs=sample_reqs,
+            num_context_tokens=num_context,
+        )
+
+    @torch.inference_mode()
+    def forward(self, inp: ModelInput, all_logits: bool = False) -> torch.Tensor:
+        """fp32 logits of the sampling positions (or of every token, for tests)."""
+        hidden = self.model(inp.input_ids, inp.positions, self.kv_cache.layers, inp.meta)
+        if not all_logits:
+            hidden = hidden[inp.sample_idx]
+        return self.model.compute_logits(hidden)
+
+    def sample(self, logits: torch.Tensor, inp: ModelInput) -> tuple[list[int], list[float]]:
+        reqs = inp.sample_reqs
+        if not reqs:
+            return [], []
+        return self.sampler(logits, [r.params for r in reqs], [r.generator for r in reqs])
+
+    def release(self) -> None:
+        """The step's reads and writes are done (sampling synchronised with the device)."""
+        if self.guard is not None:
+            self.guard.unpin_all()
