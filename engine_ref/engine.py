@@ -137,7 +137,7 @@ class LLMEngine:
         rid = f"req-{next(self._ids)}" if request_id is None else str(request_id)
         obs = self.observer
         if obs is not None:
-            n = 0 if isinstance(prompt, str) else len(prompt)
+            n = len(prompt) if isinstance(prompt, Sequence) and not isinstance(prompt, str) else 0
             obs.on_request(RequestEvent(rid, K.ARRIVED, arrival, NO_STEP, n))
         try:
             req = self._make_request(rid, prompt, params, arrival, cache_salt)
@@ -163,7 +163,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams")
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(prompt) if prompt else []  # no BOS-only "prompt"
         elif isinstance(prompt, Sequence) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
