@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 run: setup
-	$(BIN)/perfdiag doctor
+	$(BIN)/perfdiag run
 
 test: setup
 	$(BIN)/python -m pytest

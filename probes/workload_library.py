@@ -58,6 +58,9 @@ def override(spec: WorkloadSpec, **changes: Any) -> WorkloadSpec:
     """Apply flags given on the command line; None means "not given". Keys are the spec's
     fields plus the arrival's (`rate`, `concurrency`, `process`, `burstiness`, `mode`)."""
     changes = {k: v for k, v in changes.items() if v is not None}
+    if "requests" in changes and "warmup" not in changes:
+        # Fewer requests than a built-in's warm-up: keep at least one measured request.
+        changes["warmup"] = max(0, min(spec.warmup, changes["requests"] - 1))
     arrival_keys = {f.name for f in dataclasses.fields(spec.arrival)}
     arrival = {k: changes.pop(k) for k in list(changes) if k in arrival_keys}
     if arrival:

@@ -52,6 +52,7 @@ class RequestEvent(NamedTuple):
     step_id: int | None = None  # the engine step the event happened in
     num_tokens: int | None = None  # tokens in a prefill chunk or in a delivered chunk
     detail: str | None = None  # preemption mode, finish reason, rejection message…
+    num_cached_tokens: int | None = None  # "scheduled": prompt tokens found in the prefix cache
 
 
 class Step(NamedTuple):

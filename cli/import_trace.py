@@ -1,0 +1,58 @@
+"""`perfdiag import TRACE... --out RUN`: PyTorch-profiler (Kineto) traces into a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from .app import app, out
+
+
+@app.command("import")
+def import_trace(
+    traces: Annotated[
+        list[Path],
+        typer.Argument(help="Kineto Chrome-JSON traces (.json or .json.gz), one per rank."),
+    ],
+    run: Annotated[Path, typer.Option("--out", "-o", help="The run directory to create.")],
+    copy_raw: Annotated[
+        bool, typer.Option("--copy-raw", help="Copy the traces into the run's raw/ folder.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Import PyTorch-profiler traces (several ranks of one job become one run)."""
+    import sys
+
+    from ..traces.importers.kineto import import_kineto
+
+    s = import_kineto(traces, run, command=["perfdiag", *sys.argv[1:]], copy_raw=copy_raw)
+    summary = {
+        "run": str(s.out),
+        "files": [
+            {"path": f.path, "rank": f.rank, "events": f.events, "skipped": f.skipped}
+            for f in s.files
+        ],
+        "events": s.events,
+        "spans": s.spans,
+        "seconds": round(s.seconds, 3),
+        "events_per_s": round(s.events / s.seconds) if s.seconds else None,
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    out.print(
+        f"[bold]imported[/] {s.events:,} events from {len(s.files)} file(s) into {s.out} "
+        f"in {s.seconds:.2f} s ({summary['events_per_s'] or 0:,} events/s)",
+        highlight=False,
+    )
+    table = Table("category", "spans", title_justify="left")
+    for cat, n in sorted(s.spans.items(), key=lambda kv: -kv[1]):
+        table.add_row(cat, f"{n:,}")
+    out.print(table)
+    for f in s.files:
+        skipped = ", ".join(f"{n} {what}" for what, n in f.skipped.items()) or "none"
+        out.print(f"rank {f.rank}: {f.path} — skipped: {skipped}", highlight=False, markup=False)

@@ -1,0 +1,370 @@
+"""`perfdiag run`: the reference engine under a workload, with probes, into a new run."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from ..errors import ConfigError
+from .app import app, out
+
+ENGINE = "Engine"
+WORKLOAD = "Workload"
+PROBES = "Probes"
+
+
+def _opt(*names: str, panel: str, help: str, **kw):
+    return typer.Option(*names, rich_help_panel=panel, help=help, show_default=False, **kw)
+
+
+@app.command()
+def run(
+    # engine
+    preset: Annotated[
+        str | None, _opt("--preset", panel=ENGINE, help="Model preset: tiny, small [small].")
+    ] = None,
+    model_dir: Annotated[
+        Path | None,
+        _opt(
+            "--model-dir",
+            panel=ENGINE,
+            help="A local Hugging Face checkpoint (config.json, *.safetensors).",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, _opt("--device", panel=ENGINE, help="cpu or cuda[:N] [cpu].")
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        _opt(
+            "--dtype",
+            panel=ENGINE,
+            help="float32, bfloat16, float16 [float32 on cpu, bfloat16 on cuda].",
+        ),
+    ] = None,
+    kv_cache_mb: Annotated[
+        float | None, _opt("--kv-cache-mb", panel=ENGINE, help="KV pool size in MiB [256].")
+    ] = None,
+    kv_blocks: Annotated[
+        int | None,
+        _opt("--kv-blocks", panel=ENGINE, help="KV pool size in blocks (overrides --kv-cache-mb)."),
+    ] = None,
+    block_size: Annotated[
+        int | None, _opt("--block-size", panel=ENGINE, help="Tokens per KV block [16].")
+    ] = None,
+    chunk_size: Annotated[
+        int | None,
+        _opt("--chunk-size", panel=ENGINE, help="Most prefill tokens per request per step [512]."),
+    ] = None,
+    no_chunked_prefill: Annotated[
+        bool, _opt("--no-chunked-prefill", panel=ENGINE, help="Prefill whole prompts in one step.")
+    ] = False,
+    prefix_cache: Annotated[
+        bool | None,
+        _opt(
+            "--prefix-cache/--no-prefix-cache",
+            panel=ENGINE,
+            help="Reuse cached prompt prefixes [on].",
+        ),
+    ] = None,
+    max_seqs: Annotated[
+        int | None, _opt("--max-seqs", panel=ENGINE, help="Most sequences per step [64].")
+    ] = None,
+    max_batched_tokens: Annotated[
+        int | None, _opt("--max-batched-tokens", panel=ENGINE, help="Token budget per step [2048].")
+    ] = None,
+    preemption: Annotated[
+        str | None, _opt("--preemption", panel=ENGINE, help="recompute or swap [recompute].")
+    ] = None,
+    policy: Annotated[
+        str | None, _opt("--policy", panel=ENGINE, help="fcfs or prefix (cache-friendly) [fcfs].")
+    ] = None,
+    max_wait_ms: Annotated[
+        float | None,
+        _opt("--max-wait-ms", panel=ENGINE, help="A request waiting longer goes first [2000]."),
+    ] = None,
+    # workload
+    workload: Annotated[
+        str | None,
+        _opt(
+            "--workload",
+            "-w",
+            panel=WORKLOAD,
+            help="Built-in (chat, long-prefill-mixed, shared-prefix, burst) or a YAML file [chat].",
+        ),
+    ] = None,
+    requests: Annotated[
+        int | None, _opt("--requests", "-n", panel=WORKLOAD, help="Number of requests.")
+    ] = None,
+    warmup: Annotated[
+        int | None, _opt("--warmup", panel=WORKLOAD, help="Leading requests excluded from metrics.")
+    ] = None,
+    rate: Annotated[
+        float | None, _opt("--rate", panel=WORKLOAD, help="Open loop: target requests/s.")
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        _opt(
+            "--concurrency",
+            "-c",
+            panel=WORKLOAD,
+            help="Closed loop: clients; open loop: cap on requests in flight.",
+        ),
+    ] = None,
+    arrival: Annotated[
+        str | None,
+        _opt(
+            "--arrival", panel=WORKLOAD, help="Open-loop inter-arrivals: constant, poisson, gamma."
+        ),
+    ] = None,
+    burstiness: Annotated[
+        float | None,
+        _opt("--burstiness", panel=WORKLOAD, help="Gamma shape: 1 Poisson, < 1 burstier."),
+    ] = None,
+    closed: Annotated[
+        bool, _opt("--closed", panel=WORKLOAD, help="Closed loop at --concurrency.")
+    ] = False,
+    prompt_len: Annotated[
+        str | None,
+        _opt(
+            "--prompt-len",
+            panel=WORKLOAD,
+            help="N, uniform:LO:HI or lognormal:MEDIAN:SIGMA[:LO:HI].",
+        ),
+    ] = None,
+    output_len: Annotated[
+        str | None,
+        _opt(
+            "--output-len",
+            panel=WORKLOAD,
+            help="N, uniform:LO:HI or lognormal:MEDIAN:SIGMA[:LO:HI].",
+        ),
+    ] = None,
+    shared_prefix: Annotated[
+        str | None,
+        _opt(
+            "--shared-prefix", panel=WORKLOAD, help="GROUPS:LENGTH[:SKEW] shared prompt prefixes."
+        ),
+    ] = None,
+    cancel_fraction: Annotated[
+        float | None,
+        _opt("--cancel-fraction", panel=WORKLOAD, help="Fraction of requests the client cancels."),
+    ] = None,
+    cancel_after_tokens: Annotated[
+        int | None,
+        _opt("--cancel-after-tokens", panel=WORKLOAD, help="Cancel after this many output tokens."),
+    ] = None,
+    cancel_after_s: Annotated[
+        float | None,
+        _opt("--cancel-after-s", panel=WORKLOAD, help="Cancel (time out) after this many seconds."),
+    ] = None,
+    replay: Annotated[
+        Path | None, _opt("--replay", panel=WORKLOAD, help="JSONL file of requests to replay.")
+    ] = None,
+    replay_timestamps: Annotated[
+        bool,
+        _opt(
+            "--replay-timestamps",
+            panel=WORKLOAD,
+            help="Send replayed requests at their timestamp_s.",
+        ),
+    ] = False,
+    seed: Annotated[
+        int | None, _opt("--seed", panel=WORKLOAD, help="Seed of the workload and the engine [0].")
+    ] = None,
+    # probes
+    profile_steps: Annotated[
+        str | None,
+        _opt(
+            "--profile-steps",
+            panel=PROBES,
+            help="torch.profiler window over engine steps FIRST:LAST.",
+        ),
+    ] = None,
+    sample_period: Annotated[
+        float | None,
+        _opt("--sample-period", panel=PROBES, help="Device sampling period in seconds [0.2]."),
+    ] = None,
+    no_device_sampling: Annotated[
+        bool, _opt("--no-device-sampling", panel=PROBES, help="Do not sample CPU/GPU counters.")
+    ] = False,
+    no_nvtx: Annotated[
+        bool, _opt("--no-nvtx", panel=PROBES, help="No NVTX ranges around steps (CUDA).")
+    ] = False,
+    record_text: Annotated[
+        bool,
+        _opt(
+            "--record-text",
+            panel=PROBES,
+            help="Store prompt and output text (default: digests only).",
+        ),
+    ] = False,
+    # output
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Run directory [runs/<time>-<workload>].", show_default=False
+        ),
+    ] = None,
+    like: Annotated[
+        Path | None,
+        typer.Option(
+            "--like",
+            help="Repeat a recorded run's engine and workload; options given override.",
+            show_default=False,
+        ),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False,
+) -> None:
+    """Run the reference engine under a workload with probes attached, into a new run."""
+    from ..probes import run_options as ro
+    from ..probes.workload import CancelSpec, LengthSpec, PrefixSpec
+    from ..probes.workload_library import DEFAULT_WORKLOAD, load_workload, override
+
+    base = _like_options(like) if like else ro.RunOptions(workload=load_workload(DEFAULT_WORKLOAD))
+    engine_changes = {
+        "preset": preset, "model_dir": str(model_dir) if model_dir else None, "device": device,
+        "dtype": dtype, "kv_cache_mb": kv_cache_mb, "kv_blocks": kv_blocks,
+        "block_size": block_size, "chunk_size": chunk_size, "prefix_cache": prefix_cache,
+        "max_seqs": max_seqs, "max_batched_tokens": max_batched_tokens,
+        "preemption": preemption, "policy": policy, "max_wait_ms": max_wait_ms, "seed": seed,
+    }  # fmt: skip
+    engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
+    if no_chunked_prefill:
+        engine_changes["chunk_size"] = None
+    engine = dataclasses.replace(base.engine, **engine_changes)
+
+    spec = load_workload(workload) if workload else base.workload
+    cancel = None
+    if cancel_fraction is not None or cancel_after_tokens is not None or cancel_after_s is not None:
+        cancel = CancelSpec(
+            fraction=spec.cancel.fraction if cancel_fraction is None else cancel_fraction,
+            after_tokens=cancel_after_tokens if cancel_after_tokens is not None
+            else spec.cancel.after_tokens,
+            after_s=cancel_after_s if cancel_after_s is not None else spec.cancel.after_s,
+        )  # fmt: skip
+    spec = override(
+        spec,
+        requests=requests, warmup=warmup, seed=seed, rate=rate, concurrency=concurrency,
+        process=arrival, burstiness=burstiness, mode="closed" if closed else None,
+        prompt_len=LengthSpec.parse(prompt_len) if prompt_len else None,
+        output_len=LengthSpec.parse(output_len) if output_len else None,
+        shared_prefix=_parse_prefix(shared_prefix, PrefixSpec) if shared_prefix else None,
+        cancel=cancel, replay=str(replay) if replay else None,
+        replay_timestamps=True if replay_timestamps else None,
+    )  # fmt: skip
+    probe_changes = {
+        "profile_steps": ro.parse_step_range(profile_steps) if profile_steps else None,
+        "sample_period_s": sample_period,
+        "device_sampling": False if no_device_sampling else None,
+        "nvtx": False if no_nvtx else None,
+        "record_text": True if record_text else None,
+    }
+    probes = dataclasses.replace(
+        base.probes, **{k: v for k, v in probe_changes.items() if v is not None}
+    )
+    options = ro.RunOptions(engine=engine, workload=spec, probes=probes)
+    out_dir = out_dir or _default_out_dir(spec.name)
+    _record(options, out_dir, quiet)
+
+
+def _like_options(like: Path):
+    from ..probes.run_options import RunOptions
+    from ..traces.manifest import read_manifest
+
+    manifest = read_manifest(like)
+    recorded = manifest.config.get("run_options")
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"{like}: not a run recorded by `perfdiag run` (no run options)")
+    return RunOptions.from_dict(recorded)
+
+
+def _parse_prefix(text: str, prefix_spec):
+    parts = text.split(":")
+    try:
+        if len(parts) in (2, 3):
+            skew = float(parts[2]) if len(parts) == 3 else 1.0
+            return prefix_spec(groups=int(parts[0]), length=int(parts[1]), skew=skew)
+    except ValueError:
+        pass
+    raise ConfigError(f"bad --shared-prefix {text!r}: use GROUPS:LENGTH[:SKEW], e.g. 8:256:1.2")
+
+
+def _default_out_dir(workload_name: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{Path(workload_name).stem}"
+
+
+def _record(options, out_dir: Path, quiet: bool) -> None:
+    from ..probes.session import record_run
+
+    started = time.monotonic()
+    e, w = options.engine, options.workload
+    model = e.model_dir or e.preset
+    out.print(f"perfdiag run: {model} on {e.device} ({e.resolved_dtype}), workload {w.name} "
+              f"({w.requests} requests), into {out_dir}", highlight=False)  # fmt: skip
+    live = None if quiet else Live(console=out, refresh_per_second=4, transient=True)
+
+    def show(p) -> None:
+        if live is not None:
+            elapsed = time.monotonic() - started
+            live.update(_progress_table(p, elapsed))
+
+    try:
+        if live is not None:
+            live.start()
+        result = record_run(options, out_dir, command=["perfdiag", *sys.argv[1:]],
+                            on_progress=show)  # fmt: skip
+    except KeyboardInterrupt:
+        if live is not None:
+            live.stop()
+        out.print(f"[yellow]interrupted[/]: everything recorded is kept in {out_dir}")
+        raise typer.Exit(130) from None
+    finally:
+        if live is not None:
+            live.stop()
+    _print_summary(result.path)
+
+
+def _progress_table(p, elapsed: float) -> Table:
+    t = Table.grid(padding=(0, 2))
+    rate = p.output_tokens / elapsed if elapsed > 0 else 0.0
+    t.add_row(
+        f"requests {p.done}/{p.total}",
+        f"in flight {p.in_flight}",
+        f"failed {p.failed}",
+        f"cancelled {p.cancelled}",
+        f"{rate:.1f} tok/s",
+        f"elapsed {elapsed:.1f} s",
+    )
+    return t
+
+
+def _print_summary(path: Path) -> None:
+    from ..analyzers.run_summary import summarize
+    from ..traces.reader import load_run
+
+    r = load_run(path)
+    s = summarize(r.requests, r.request_events)
+    t = Table(title=f"run {r.manifest.run_id} ({r.status})", title_justify="left")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("requests (completed / failed / cancelled)",
+              f"{s.completed} / {s.failed} / {s.cancelled}")  # fmt: skip
+    t.add_row("warm-up excluded", str(s.warmup_excluded))
+    t.add_row("output tokens/s", f"{s.output_tokens_per_s:.1f}")
+    t.add_row("requests/s", f"{s.requests_per_s:.2f}")
+    t.add_row("TTFT p50 / p99", f"{s.ttft_p50_s * 1e3:.1f} / {s.ttft_p99_s * 1e3:.1f} ms")
+    t.add_row("ITL p50 / p99", f"{s.itl_p50_s * 1e3:.1f} / {s.itl_p99_s * 1e3:.1f} ms")
+    t.add_row("E2E p50 / p99", f"{s.e2e_p50_s:.2f} / {s.e2e_p99_s:.2f} s")
+    t.add_row("engine steps", f"{len(r.steps):,}")
+    out.print(t)
+    out.print(f"run: {path}")

@@ -1,0 +1,167 @@
+"""`perfdiag timeline RUN`: step-time breakdown, per-resource busy/idle, overlap, GPU idle
+gaps by cause, launch delays and the top kernels and ops."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from .app import app, out
+
+
+def _ms(ns) -> str:
+    return "" if ns is None or ns != ns else f"{ns / 1e6:,.3f}"
+
+
+def _us(ns) -> str:
+    return "" if ns is None or ns != ns else f"{ns / 1e3:,.1f}"
+
+
+def _records(frame) -> list[dict]:
+    return json.loads(frame.to_json(orient="records")) if len(frame) else []
+
+
+@app.command()
+def timeline(
+    run: Annotated[Path, typer.Argument(help="A run directory (recorded or imported).")],
+    top: Annotated[int, typer.Option(help="Rows in the kernel and op tables.")] = 10,
+    max_windows: Annotated[int, typer.Option(help="Steps shown in the breakdown.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Where the time went: CPU, GPU, copies, communication and idle, step by step."""
+    from ..analyzers.report import timeline_report
+    from ..analyzers.spans import CLASSES
+    from ..traces.reader import load_run
+
+    rep = timeline_report(load_run(run))
+    if as_json:
+        data = {name: _records(frame) for name, frame in rep.frames().items() if name != "gaps"}
+        data["kernels_linked"] = rep.kernels_linked
+        print(json.dumps(data, indent=2, default=str))
+        return
+    parts = [f"{c}_ns" for c in CLASSES] + ["idle_ns"]
+    b = rep.breakdown
+    t = Table(
+        "rank", "window", "wall ms", *[p[:-3] for p in parts], title="step-time breakdown (ms)"
+    )
+    shown = b.head(max_windows)
+    for _, row in shown.iterrows():
+        t.add_row(
+            str(row["rank_key"]),
+            str(row["name"]),
+            _ms(row["wall_ns"]),
+            *[_ms(row[p]) for p in parts],
+        )
+    if len(b) > 1:
+        t.add_row(
+            "all", f"{len(b)} windows", _ms(b["wall_ns"].sum()), *[_ms(b[p].sum()) for p in parts]
+        )
+    out.print(t)
+    r = rep.resources
+    t = Table(
+        "rank", "resource", "kind", "busy ms", "idle ms", "busy %", "spans", title="resources"
+    )
+    for _, row in r.iterrows():
+        t.add_row(
+            str(row["rank_key"]),
+            row["resource"],
+            row["kind"],
+            _ms(row["busy_ns"]),
+            _ms(row["idle_ns"]),
+            f"{row['busy_pct']:.1f}",
+            f"{row['spans']:,}",
+        )
+    out.print(t)
+    o = rep.overlap
+    if len(o):
+        t = Table(
+            "rank",
+            "compute",
+            "copy",
+            "comm",
+            "copy∩compute",
+            "comm∩compute",
+            "exposed copy",
+            "exposed comm",
+            title="overlap (ms, all windows)",
+        )
+        for rank, g in o.groupby("rank_key"):
+            cols = [
+                "compute_ns",
+                "copy_ns",
+                "comm_ns",
+                "compute_copy_overlap_ns",
+                "compute_comm_overlap_ns",
+                "exposed_copy_ns",
+                "exposed_comm_ns",
+            ]
+            t.add_row(str(rank), *[_ms(g[c].sum()) for c in cols])
+        out.print(t)
+    gs = rep.gap_summary
+    if len(gs):
+        t = Table(
+            "rank",
+            "cause",
+            "gaps",
+            "total ms",
+            "mean µs",
+            "p99 µs",
+            "max µs",
+            title="GPU idle gaps",
+        )
+        for _, row in gs.iterrows():
+            t.add_row(
+                str(row["rank_key"]),
+                row["cause"],
+                f"{row['gaps']:,}",
+                _ms(row["total_ns"]),
+                _us(row["mean_ns"]),
+                _us(row["p99_ns"]),
+                _us(row["max_ns"]),
+            )
+        out.print(t)
+    ls = rep.launch_stats
+    if len(ls):
+        t = Table(
+            "launch",
+            "ops",
+            "call mean µs",
+            "queue p50 µs",
+            "queue p99 µs",
+            "queue max µs",
+            title=f"launches ({rep.kernels_linked:.1%} of kernels linked to their launch)",
+        )
+        for _, row in ls.iterrows():
+            t.add_row(
+                row["launch_name"],
+                f"{row['ops']:,}",
+                _us(row["call_mean_ns"]),
+                _us(row["queue_p50_ns"]),
+                _us(row["queue_p99_ns"]),
+                _us(row["queue_max_ns"]),
+            )
+        out.print(t)
+    for title, frame, key in (
+        ("kernel classes", rep.kernel_classes, "kernel_class"),
+        (f"top {top} kernels", rep.kernels.head(top), "name"),
+        (f"top {top} CPU ops", rep.ops.head(top), "name"),
+    ):
+        if not len(frame):
+            continue
+        t = Table(
+            key.replace("_", " "), "count", "total ms", "mean µs", "p99 µs", "share %", title=title
+        )
+        for _, row in frame.iterrows():
+            t.add_row(
+                str(row[key])[:80],
+                f"{row['count']:,}",
+                _ms(row["total_ns"]),
+                _us(row["mean_ns"]),
+                _us(row["p99_ns"]),
+                f"{row['share_pct']:.1f}",
+            )
+        out.print(t)

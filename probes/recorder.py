@@ -1,0 +1,107 @@
+"""The always-on probes: engine hook events and client timings → the run's tables.
+
+One object is both the engine's observer and the load client's sink, so a request's
+engine-side and client-side lifecycle land in one table under one id. Every method is a
+tuple build plus a list append (the writer's hot path); nothing here blocks the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from ..engine_ref.hooks import (
+    NO_STEP,
+    EngineObserver,
+    PhaseEvent,
+    RequestEvent,
+    RequestEventKind,
+    StepBegin,
+    StepEvent,
+)
+from ..traces.writer import RunWriter
+from .client import ClientResult
+
+# Engine hook kinds → the run format's request-event kinds.
+ENGINE_KINDS = {
+    RequestEventKind.ARRIVED: "arrival",
+    RequestEventKind.TOKENIZED: "tokenize_end",
+    RequestEventKind.QUEUED: "queued",
+    RequestEventKind.SCHEDULED: "scheduled",
+    RequestEventKind.PREFILL_CHUNK: "prefill_chunk",
+    RequestEventKind.FIRST_TOKEN: "first_token",
+    RequestEventKind.TOKEN: "token",
+    RequestEventKind.PREEMPTED: "preempted",
+    RequestEventKind.RESUMED: "resumed",
+    RequestEventKind.FINISHED: "finished",
+    RequestEventKind.ABORTED: "aborted",
+}
+
+
+class RunRecorder(EngineObserver):
+    def __init__(self, writer: RunWriter, rank: int | None = None, step_timer=None,
+                 window=None):  # fmt: skip
+        self._event = writer.table("request_events").append
+        self._step = writer.table("steps").append
+        self._span = writer.table("spans").append
+        self._request = writer.table("requests").append
+        self._rank = rank
+        self._pid = os.getpid()
+        self._cached: dict[str, int] = {}  # request → prefix-cache hits at first admission
+        self._prompt_len: dict[str, int] = {}
+        self.steps_recorded = 0
+        self._timer = step_timer  # CudaStepTimer on a GPU: GPU time per step, NVTX ranges
+        self._window = window  # ProfilerWindow: torch.profiler over chosen steps
+
+    # -- engine side ---------------------------------------------------------------------
+    def on_request(self, e: RequestEvent) -> None:
+        kind = ENGINE_KINDS[e.kind]
+        cached = None
+        if kind == "scheduled":
+            cached = e.num_cached_tokens
+            self._cached.setdefault(e.request_id, cached)
+        elif kind == "tokenize_end":
+            self._prompt_len[e.request_id] = e.num_tokens
+        step = None if e.step_id == NO_STEP else e.step_id
+        self._event((e.request_id, kind, e.ts_ns, "engine", step, e.num_tokens,
+                     e.detail or None, cached))  # fmt: skip
+
+    def on_step_begin(self, e: StepBegin) -> None:
+        # The step's row is written whole when it ends; here only what must start now.
+        if self._window is not None:
+            self._window.on_step_begin(e.step_id)
+        if self._timer is not None:
+            self._timer.begin(e.step_id)
+
+    def on_phase(self, e: PhaseEvent) -> None:
+        self._span((e.phase.value, "phase", e.start_ns, e.end_ns - e.start_ns, self._pid,
+                    threading.get_native_id(), None, None, self._rank, e.step_id, None, None,
+                    None, None))  # fmt: skip
+
+    def on_step(self, e: StepEvent) -> None:
+        gpu_time_ns = self._timer.end() if self._timer is not None else None
+        if self._window is not None:
+            self._window.on_step_end(e.step_id)
+        self._step((e.step_id, e.start_ns, e.end_ns, e.num_prefill_seqs, e.num_prefill_tokens,
+                    e.num_decode_seqs, e.num_context_tokens, e.num_waiting, e.num_running,
+                    e.num_swapped, e.num_preemptions, e.kv_blocks_used, e.kv_blocks_free,
+                    e.kv_blocks_cached, gpu_time_ns, self._rank, e.num_cached_tokens,
+                    e.cpu_blocks_used))  # fmt: skip
+        self.steps_recorded += 1
+
+    # -- client side ---------------------------------------------------------------------
+    def client_event(self, request_id: str, kind: str, ts_ns: int, num_tokens: int | None) -> None:
+        self._event((request_id, kind, ts_ns, "client", None, num_tokens, None, None))
+
+    def request_done(self, result: ClientResult) -> None:
+        req = result.request
+        rid = req.request_id
+        prompt_len = req.prompt_len if req.prompt_len is not None else self._prompt_len.get(rid)
+        args = {"max_tokens": req.max_tokens, "offset_s": req.offset_s}
+        if req.cancel_after_tokens is not None or req.cancel_after_s is not None:
+            args["cancel_after_tokens"] = req.cancel_after_tokens
+            args["cancel_after_s"] = req.cancel_after_s
+        self._request((rid, prompt_len, result.output_tokens, self._cached.get(rid),
+                       result.finish_reason, req.is_warmup, req.prefix_group,
+                       result.output_digest, result.error, json.dumps(args)))  # fmt: skip

@@ -1,0 +1,133 @@
+"""What `perfdiag run` is asked to do: engine, workload and probe options, as data.
+
+Options are flat and serialisable, so a run records exactly what produced it and
+`perfdiag run --like RUN` can rebuild them, with any option given again overriding one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from .workload import WorkloadSpec, spec_from_mapping
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    preset: str = "small"
+    model_dir: str | None = None  # a local Hugging Face checkpoint instead of a preset
+    device: str = "cpu"
+    dtype: str | None = None  # None: float32 on the CPU, bfloat16 on CUDA
+    kv_cache_mb: float = 256.0
+    kv_blocks: int | None = None  # overrides kv_cache_mb
+    block_size: int = 16
+    chunk_size: int | None = 512  # None: chunked prefill off
+    prefix_cache: bool = True
+    max_seqs: int = 64
+    max_batched_tokens: int = 2048
+    preemption: str = "recompute"
+    policy: str = "fcfs"
+    max_wait_ms: float | None = 2000.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ConfigError(
+                f"chunk size must be >= 1, got {self.chunk_size} "
+                "(use --no-chunked-prefill to turn chunking off)"
+            )
+        if self.kv_cache_mb <= 0:
+            raise ConfigError(f"KV cache size must be > 0 MB, got {self.kv_cache_mb}")
+
+    @property
+    def resolved_dtype(self) -> str:
+        return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+
+    def engine_config(self):
+        """The engine's own (validated) configuration."""
+        from ..engine_ref.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+        if self.model_dir:
+            from ..engine_ref.loader import read_model_config
+
+            model = read_model_config(self.model_dir)
+        else:
+            model = ModelConfig.preset(self.preset)
+        cache = CacheConfig(
+            block_size=self.block_size,
+            num_gpu_blocks=self.kv_blocks,
+            kv_cache_bytes=int(self.kv_cache_mb * 2**20),
+            enable_prefix_caching=self.prefix_cache,
+        )
+        scheduler = SchedulerConfig(
+            max_num_seqs=self.max_seqs,
+            max_num_batched_tokens=self.max_batched_tokens,
+            enable_chunked_prefill=self.chunk_size is not None,
+            chunk_size=self.chunk_size or 512,
+            preemption_mode=self.preemption,
+            policy=self.policy,
+            max_wait_ms=self.max_wait_ms,
+        )
+        return EngineConfig(
+            model=model,
+            cache=cache,
+            scheduler=scheduler,
+            device=self.device,
+            dtype=self.resolved_dtype,
+            seed=self.seed,
+            model_path=self.model_dir,
+        )
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    device_sampling: bool = True
+    sample_period_s: float = 0.2
+    profile_steps: tuple[int, int] | None = None  # [first, last] engine steps, inclusive
+    nvtx: bool = True
+    record_text: bool = False  # store prompt and output text (off: digests only)
+
+    def __post_init__(self) -> None:
+        if self.profile_steps is not None:
+            first, last = self.profile_steps
+            if not 0 <= first <= last:
+                raise ConfigError(f"profile steps must be FIRST:LAST with 0 <= FIRST <= LAST, "
+                                  f"got {first}:{last}")  # fmt: skip
+        if self.sample_period_s <= 0:
+            raise ConfigError("the sampling period must be > 0")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    probes: ProbeOptions = field(default_factory=ProbeOptions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunOptions:
+        """Rebuild from a manifest's `config.run_options` (for `--like`)."""
+        try:
+            probes = dict(data.get("probes", {}))
+            if probes.get("profile_steps") is not None:
+                probes["profile_steps"] = tuple(probes["profile_steps"])
+            return cls(
+                engine=EngineOptions(**data.get("engine", {})),
+                workload=spec_from_mapping(data.get("workload", {})),
+                probes=ProbeOptions(**probes),
+            )
+        except TypeError as e:
+            raise ConfigError(f"the recorded run options do not fit this perfdiag: {e}") from None
+
+
+def parse_step_range(text: str) -> tuple[int, int]:
+    """`5:9` (steps 5 to 9 inclusive) or `7` (one step)."""
+    try:
+        first, _, last = text.partition(":")
+        return int(first), int(last or first)
+    except ValueError:
+        raise ConfigError(f"bad step range {text!r}: use FIRST:LAST, e.g. 10:20") from None

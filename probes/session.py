@@ -1,0 +1,154 @@
+"""A recording session: the reference engine under a workload, with probes, into a run.
+
+Order matters for "nothing half-written claims to be complete": the output directory is
+claimed first (so an unwritable path fails at once), the engine and workload are checked
+next (an impossible configuration fails before any run exists, and the claimed directory
+is removed), and only then is the run opened. From there every exit closes it: complete,
+interrupted (Ctrl-C) or crashed (an exception), keeping everything recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..traces import environment
+from ..traces.manifest import COMPLETE, CRASHED, INTERRUPTED
+from ..traces.writer import RunWriter
+from .client import Progress, drive
+from .cuda_timing import make_step_timer
+from .device_sampler import DeviceSampler
+from .recorder import RunRecorder
+from .run_options import RunOptions
+from .targets import EngineTarget
+from .workload import PlannedRequest, plan
+
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass
+class SessionResult:
+    path: Path
+    status: str
+    progress: Progress
+
+
+def record_run(
+    options: RunOptions,
+    out_dir: Path,
+    command: list[str] | None = None,
+    on_progress: ProgressCallback | None = None,
+    progress_interval_s: float = 0.25,
+) -> SessionResult:
+    out_dir = Path(out_dir)
+    created = _claim_directory(out_dir)
+    try:
+        engine = _build_engine(options)
+        planned = plan(options.workload, engine.config.model.vocab_size)
+        check_workload_fits(planned, engine)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+        raise
+    writer = RunWriter(
+        out_dir,
+        command=list(sys.argv if command is None else command),
+        config={
+            "run_options": options.to_dict(),
+            "engine_config": dataclasses.asdict(engine.config),
+            "num_kv_blocks": engine.block_manager.num_blocks,
+        },
+        environment_info=environment.fingerprint(deep=True),
+    )
+    status = CRASHED
+    sampler = None
+    try:
+        engine.observer = RunRecorder(
+            writer, step_timer=make_step_timer(options.engine.device, options.probes.nvtx)
+        )
+        if options.probes.device_sampling:
+            sampler = DeviceSampler(writer.table("counters").append,
+                                    options.probes.sample_period_s).start()  # fmt: skip
+        progress = Progress(total=len(planned))
+        asyncio.run(_drive(engine, planned, options, progress, on_progress, progress_interval_s))
+        status = COMPLETE
+    except KeyboardInterrupt:
+        status = INTERRUPTED
+        raise
+    finally:
+        engine.observer = None
+        if sampler is not None:
+            sampler.stop()
+        writer.close(status)
+    return SessionResult(out_dir, status, progress)
+
+
+async def _drive(engine, planned, options, progress, on_progress, interval_s) -> None:
+    from ..engine_ref import AsyncLLMEngine
+
+    engine_target = EngineTarget(AsyncLLMEngine(engine))
+    sink = engine.observer
+    reporter = None
+    if on_progress is not None:
+        reporter = asyncio.create_task(_report(progress, on_progress, interval_s))
+    try:
+        async with engine_target.engine:
+            await drive(planned, engine_target, sink, options.workload.arrival, progress)
+    finally:
+        if reporter is not None:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+            on_progress(progress)
+
+
+async def _report(progress: Progress, on_progress: ProgressCallback, interval_s: float) -> None:
+    while True:
+        on_progress(progress)
+        await asyncio.sleep(interval_s)
+
+
+def _claim_directory(out_dir: Path) -> bool:
+    """Create the run directory now so a bad path fails before any work. Returns whether
+    this call created it (and so may remove it if the run never starts)."""
+    if out_dir.exists():
+        if not out_dir.is_dir() or any(out_dir.iterdir()):
+            raise ConfigError(f"{out_dir}: already exists and is not an empty directory")
+        return False
+    try:
+        out_dir.mkdir(parents=True)
+    except OSError as e:
+        raise ConfigError(f"{out_dir}: cannot create the run directory ({e.strerror})") from None
+    return True
+
+
+def _build_engine(options: RunOptions):
+    from ..engine_ref import LLMEngine
+
+    return LLMEngine(options.engine.engine_config())
+
+
+def check_workload_fits(planned: list[PlannedRequest], engine) -> None:
+    """Refuse a workload the engine can never serve, before recording anything."""
+    max_len = engine.config.max_model_len
+    longest = max(planned, key=lambda r: (r.prompt_len or 0) + r.max_tokens)
+    need = (longest.prompt_len or 0) + longest.max_tokens
+    if need > max_len:
+        raise ConfigError(
+            f"the workload asks for up to {need} tokens per request (prompt + output) but the "
+            f"model's context is {max_len}: shorten --prompt-len / --output-len"
+        )
+    bm = engine.block_manager
+    usable = bm.num_blocks - engine.watermark_blocks
+    if bm.blocks_for(need) > usable:
+        raise ConfigError(
+            f"the KV pool ({bm.num_blocks} blocks of {bm.block_size} tokens) cannot hold one "
+            f"request of {need} tokens: raise --kv-cache-mb / --kv-blocks or shorten requests"
+        )
