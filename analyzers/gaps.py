@@ -1,0 +1,192 @@
+"""The launch ↔ GPU-work correlation join, launch-delay statistics, and GPU idle gaps
+classified by cause (definitions in docs/timeline.md):
+
+- `sync`: the host was blocked in a synchronisation (a `*Synchronize` call, a blocking
+  copy, a `cuda_sync` record) when the GPU ran dry, and launched the next work after it;
+- `launch_delay`: the next work's launch call began before the GPU ran dry, so the gap
+  is launch latency / queueing, not the host's fault;
+- `host_bound`: the launch came after the GPU ran dry while the launching thread was busy
+  (recorded CPU activity covers at least half the time from the gap's start to the launch);
+- `no_work`: the launch came late and the launching thread was mostly idle in the trace
+  (waiting for input, a lock, another process): no work was offered;
+- `unlinked`: the work after the gap has no launch in the trace (no correlation).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from .intervals import Coverage, gaps, union
+from .spans import GPU_CLASSES, resource_codes
+
+GAP_CLASSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
+HOST_BUSY_FRACTION = 0.5
+_SYNC_CALL = re.compile(
+    r"(?i)synchroni[sz]e|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
+)
+
+
+def gpu_work(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["on_gpu"].to_numpy() & df["cls"].isin(GPU_CLASSES).to_numpy()]
+
+
+def launch_join(df: pd.DataFrame) -> pd.DataFrame:
+    """Every GPU op with the runtime/driver call that launched it (same rank and
+    correlation id; a CUDA-graph launch links all its kernels). Unlinked ops keep NA."""
+    ops = gpu_work(df)
+    calls = df[(df["cls"] == "runtime").to_numpy() & df["correlation"].notna().to_numpy()]
+    # A runtime call and the driver call beneath it may share an id: prefer the runtime.
+    calls = calls.assign(_driver=(calls["category"].astype(str) == "cuda_driver").to_numpy())
+    calls = calls.sort_values(["_driver", "start_ns"]).drop_duplicates(
+        ["rank_key", "correlation"], keep="first"
+    )
+    launches = pd.DataFrame(
+        {
+            "rank_key": calls["rank_key"].to_numpy(),
+            "correlation": calls["correlation"].array,
+            "launch_name": calls["name"].astype(str).to_numpy(),
+            # Nullable ints: a left join fills NA, and a float column would round 1.7e18 ns.
+            "launch_start_ns": pd.array(calls["start_ns"].to_numpy(np.int64), dtype="Int64"),
+            "launch_dur_ns": pd.array(calls["dur_ns"].to_numpy(np.int64), dtype="Int64"),
+            "launch_pid": calls["pid"].array,
+            "launch_tid": calls["tid"].array,
+        }
+    )
+    joined = ops.reset_index(names="span_index").merge(
+        launches, on=["rank_key", "correlation"], how="left", sort=False
+    )
+    joined["linked"] = joined["launch_start_ns"].notna().to_numpy()
+    joined["launch_start_ns"] = joined["launch_start_ns"].astype("Int64")
+    joined["launch_dur_ns"] = joined["launch_dur_ns"].astype("Int64")
+    joined["queue_ns"] = joined["start_ns"].astype("Int64") - joined["launch_start_ns"]
+    return joined
+
+
+def launch_stats(joined: pd.DataFrame) -> pd.DataFrame:
+    """Per launch API: how many ops it launched, the CPU cost of the call and the delay
+    from the call's start to the op's start on the GPU (mean, p50, p90, p99, max)."""
+    linked = joined[joined["linked"].to_numpy()]
+    if not len(linked):
+        return pd.DataFrame()
+    frame = linked.assign(
+        queue=linked["queue_ns"].astype("float64"), call=linked["launch_dur_ns"].astype("float64")
+    )
+    g = frame.groupby("launch_name", sort=False)
+    out = pd.DataFrame(
+        {
+            "ops": g.size(),
+            "call_mean_ns": g["call"].mean(),
+            "call_p99_ns": g["call"].quantile(0.99),
+            "queue_mean_ns": g["queue"].mean(),
+            "queue_p50_ns": g["queue"].quantile(0.5),
+            "queue_p90_ns": g["queue"].quantile(0.9),
+            "queue_p99_ns": g["queue"].quantile(0.99),
+            "queue_max_ns": g["queue"].max(),
+        }
+    )
+    return out.sort_values("ops", ascending=False).reset_index()
+
+
+def linked_fraction(joined: pd.DataFrame, cls: str | None = "kernel") -> float:
+    sel = joined if cls is None else joined[(joined["cls"] == cls).to_numpy()]
+    return float(sel["linked"].mean()) if len(sel) else float("nan")
+
+
+def _sync_coverage(df: pd.DataFrame, rank: int) -> Coverage:
+    mine = df["rank_key"].to_numpy() == rank
+    category = df["category"].astype(str).to_numpy()
+    names = df["name"].astype("category")
+    # Decide per distinct name, then index by code.
+    is_sync = np.array([bool(_SYNC_CALL.search(str(n))) for n in names.cat.categories] + [False])
+    is_wait = np.array([str(n) == "Stream Wait Event" for n in names.cat.categories] + [False])
+    codes = names.cat.codes.to_numpy()
+    by_name, waits = is_sync[codes], is_wait[codes]  # a stream wait is a GPU-side wait
+    sync = mine & (((df["cls"] == "runtime").to_numpy() & by_name) | (category == "cuda_sync"))
+    sync &= ~waits
+    u = union(df["start_ns"].to_numpy()[sync], df["end_ns"].to_numpy()[sync])
+    return u.coverage()
+
+
+def idle_gaps(df: pd.DataFrame, joined: pd.DataFrame) -> pd.DataFrame:
+    """Every gap between GPU work on each device (all streams together), classified."""
+    columns = ["rank_key", "device", "start_ns", "end_ns", "dur_ns", "next_op", "cause"]
+    if not len(joined):
+        return pd.DataFrame(columns=columns)
+    codes = resource_codes(joined, ["rank_key", "device"])
+    s, e = joined["start_ns"].to_numpy(np.int64), joined["end_ns"].to_numpy(np.int64)
+    u = union(s, e, codes)
+    g_start, g_end, nxt = gaps(u)
+    # The op that ends a gap opens the next piece: the first op, in (device, start) order,
+    # starting where the piece starts. One searchsorted over a combined key finds them all.
+    order = np.lexsort((s, codes))
+    base, width = int(s.min()), int(s.max()) - int(s.min()) + 1
+    flat = codes[order] * width + (s[order] - base)
+    pos = np.searchsorted(flat, u.group[nxt] * width + (u.start[nxt] - base), side="left")
+    nxt_ops = joined.iloc[order[pos]]
+    out = pd.DataFrame(
+        {
+            "rank_key": nxt_ops["rank_key"].to_numpy(),
+            "device": nxt_ops["device"].to_numpy(),
+            "start_ns": g_start,
+            "end_ns": g_end,
+            "dur_ns": g_end - g_start,
+            "next_op": nxt_ops["name"].astype(str).to_numpy(),
+            # .array keeps Int64 (exact ns; a float would round 1.7e18 to 256 ns)
+            "launch_name": nxt_ops["launch_name"].array,
+            "launch_start_ns": nxt_ops["launch_start_ns"].array,
+            "launch_pid": nxt_ops["launch_pid"].array,
+            "launch_tid": nxt_ops["launch_tid"].array,
+        }
+    )
+    out["cause"] = _classify(df, out)
+    return out
+
+
+def _classify(df: pd.DataFrame, g: pd.DataFrame) -> np.ndarray:
+    cause = np.full(len(g), "unlinked", dtype=object)
+    linked = g["launch_start_ns"].notna().to_numpy()
+    launch = g["launch_start_ns"].fillna(0).astype("int64").to_numpy()
+    start = g["start_ns"].to_numpy(np.int64)
+    early = linked & (launch < start)
+    cause[early] = "launch_delay"
+    late = linked & ~early
+    if not late.any():
+        return cause
+    cpu = df[~df["on_gpu"].to_numpy() & df["cls"].isin(["runtime", "cpu", "comm"]).to_numpy()]
+    for rank in np.unique(g["rank_key"].to_numpy()[late]):
+        in_rank = late & (g["rank_key"].to_numpy() == rank)
+        sync = _sync_coverage(df, int(rank)).contains(start[in_rank])
+        idx = np.flatnonzero(in_rank)
+        cause[idx[sync]] = "sync"
+        rest = idx[~sync]
+        if not len(rest):
+            continue
+        # Busy fraction of the launching thread between the gap's start and the launch.
+        mine = cpu[cpu["rank_key"].to_numpy() == rank]
+        threads = g.iloc[rest][["launch_pid", "launch_tid"]].astype("float64").to_numpy()
+        busy = np.zeros(len(rest))
+        for pid, tid in {tuple(t) for t in threads}:
+            on = (mine["pid"].astype("float64") == pid).to_numpy() & (
+                mine["tid"].astype("float64") == tid
+            ).to_numpy()
+            cov = union(mine["start_ns"].to_numpy()[on], mine["end_ns"].to_numpy()[on]).coverage()
+            sel = (threads[:, 0] == pid) & (threads[:, 1] == tid)
+            a, b = start[rest[sel]], launch[rest[sel]]
+            width = np.maximum(b - a, 1)
+            busy[sel] = cov.between(a, np.maximum(b, a + 1)) / width
+        cause[rest] = np.where(busy >= HOST_BUSY_FRACTION, "host_bound", "no_work")
+    return cause
+
+
+def gap_summary(g: pd.DataFrame) -> pd.DataFrame:
+    """Count, total and percentiles of the idle gaps per cause (and rank)."""
+    if not len(g):
+        return pd.DataFrame(columns=["rank_key", "cause", "gaps", "total_ns"])
+    grouped = g.groupby(["rank_key", "cause"], sort=True)["dur_ns"]
+    out = grouped.agg(gaps="size", total_ns="sum", mean_ns="mean", max_ns="max").reset_index()
+    out["p50_ns"] = grouped.quantile(0.5).to_numpy()
+    out["p99_ns"] = grouped.quantile(0.99).to_numpy()
+    return out

@@ -1,0 +1,200 @@
+"""Resource timelines: analysis windows, the step-time breakdown, per-resource busy/idle
+time, and compute/copy/comm overlap. Pure pandas/numpy over a spans frame prepared by
+`spans.prepare` (see docs/timeline.md for the definitions).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from .intervals import Union, overlap_ns, union
+from .spans import CLASSES, GPU_CLASSES, resource_codes
+
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+WINDOW_COLUMNS = ["rank_key", "step", "name", "start_ns", "end_ns", "source"]
+
+
+def windows(df: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The analysis windows, per rank: the run's engine steps when it has them, else
+    `ProfilerStep#N` annotations (each lasting until the next one starts; the last until
+    the GPU work it launched ends), else the whole trace as one window."""
+    if steps is not None and len(steps):
+        w = pd.DataFrame(
+            {
+                "rank_key": steps["rank"].fillna(-1).astype("int64").to_numpy(),
+                "step": steps["step_id"].astype("Int64").to_numpy(),
+                "name": "step " + steps["step_id"].astype(str),
+                "start_ns": steps["start_ns"].to_numpy(np.int64),
+                "end_ns": steps["end_ns"].to_numpy(np.int64),
+                "source": "steps",
+            }
+        )
+        return w.sort_values(["rank_key", "start_ns"], ignore_index=True)
+    parts = []
+    for rank, sub in df.groupby("rank_key", sort=True):
+        parts.append(_rank_windows(int(rank), sub))
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in WINDOW_COLUMNS})
+    return pd.concat(parts, ignore_index=True)
+
+
+def _rank_windows(rank: int, sub: pd.DataFrame) -> pd.DataFrame:
+    names = sub["name"].astype(str)
+    is_step = (sub["category"].astype(str) == "annotation").to_numpy() & ~sub["on_gpu"].to_numpy()
+    is_step &= names.str.match(_PROFILER_STEP.pattern).to_numpy()
+    marks = sub[is_step].sort_values("start_ns").drop_duplicates("start_ns")
+    if len(marks) == 0:
+        return pd.DataFrame(
+            {
+                "rank_key": [rank],
+                "step": pd.array([pd.NA], dtype="Int64"),
+                "name": ["trace"],
+                "start_ns": [int(sub["start_ns"].min())],
+                "end_ns": [int(sub["end_ns"].max())],
+                "source": ["trace"],
+            }
+        )
+    start = marks["start_ns"].to_numpy(np.int64)
+    end = np.r_[start[1:], marks["end_ns"].to_numpy(np.int64)[-1]]
+    end[-1] = max(end[-1], _launched_work_end(sub, start[-1], end[-1]))
+    return pd.DataFrame(
+        {
+            "rank_key": rank,
+            "step": marks["name"].astype(str).str.extract(_PROFILER_STEP)[0].astype("Int64"),
+            "name": marks["name"].astype(str).to_numpy(),
+            "start_ns": start,
+            "end_ns": end,
+            "source": "ProfilerStep",
+        }
+    ).reset_index(drop=True)
+
+
+def _launched_work_end(sub: pd.DataFrame, lo: int, hi: int) -> int:
+    """End of the GPU work whose launch call lies in [lo, hi]."""
+    cls = sub["cls"].to_numpy()
+    launch = (cls == "runtime") & sub["correlation"].notna().to_numpy()
+    starts = sub["start_ns"].to_numpy(np.int64)
+    launch &= (starts >= lo) & (starts <= hi)
+    ids = sub.loc[launch, "correlation"].to_numpy()
+    gpu = sub["on_gpu"].to_numpy() & np.isin(cls, GPU_CLASSES)
+    work = sub.loc[gpu & sub["correlation"].isin(ids).to_numpy(), "end_ns"]
+    return int(work.max()) if len(work) else hi
+
+
+def _class_unions(sub: pd.DataFrame) -> dict[str, Union]:
+    cls = sub["cls"].to_numpy()
+    s, e = sub["start_ns"].to_numpy(np.int64), sub["end_ns"].to_numpy(np.int64)
+    return {c: union(s[cls == c], e[cls == c]) for c in CLASSES}
+
+
+def breakdown(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
+    """Per window: time in each class, each instant counted once for the first active
+    class in the order kernel > memcpy > memset > comm > runtime > cpu; the rest is idle.
+    The parts sum exactly to the window's wall time."""
+    out = []
+    for rank, w in wins.groupby("rank_key", sort=True):
+        lo, hi = w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)
+        unions = _class_unions(df[df["rank_key"].to_numpy() == rank])
+        row = w[["rank_key", "step", "name", "start_ns", "end_ns"]].copy()
+        row["wall_ns"] = hi - lo
+        acc = union([], [])
+        covered = np.zeros(len(w), np.int64)
+        for c in CLASSES:
+            u = unions[c]
+            acc = union(np.r_[acc.start, u.start], np.r_[acc.end, u.end])
+            now = acc.coverage().between(lo, hi)
+            row[f"{c}_ns"] = now - covered
+            covered = now
+        row["idle_ns"] = row["wall_ns"].to_numpy() - covered
+        out.append(row)
+    return _concat(out)
+
+
+def resources(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
+    """Busy and idle time of every resource over its rank's analysis span (first window
+    start to last window end): each CPU thread and GPU stream, and per GPU the device as a
+    whole and its compute, copy and comm engines."""
+    span = wins.groupby("rank_key").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    cls = df["cls"].to_numpy()
+    on_gpu = df["on_gpu"].to_numpy()
+    gpu_work = on_gpu & np.isin(cls, GPU_CLASSES)
+    selections = [
+        ("cpu_thread", ~on_gpu & np.isin(cls, ["runtime", "cpu", "comm"]), ["pid", "tid"]),
+        ("gpu_stream", gpu_work, ["device", "stream"]),
+        ("gpu", gpu_work, ["device"]),
+        ("gpu_compute", on_gpu & (cls == "kernel"), ["device"]),
+        ("gpu_copy", on_gpu & np.isin(cls, ["memcpy", "memset"]), ["device"]),
+        ("gpu_comm", on_gpu & (cls == "comm"), ["device"]),
+    ]
+    out = []
+    for kind, mask, keys in selections:
+        sub = df[mask & df["rank_key"].isin(span.index).to_numpy()]
+        if not len(sub):
+            continue
+        codes = resource_codes(sub, ["rank_key", *keys])
+        labels = sub.groupby(codes)[["rank_key", *keys]].first()
+        u = union(sub["start_ns"], sub["end_ns"], codes)
+        piece_rank = labels["rank_key"].to_numpy()[u.group]
+        lo = span["lo"].reindex(piece_rank).to_numpy(np.int64)
+        hi = span["hi"].reindex(piece_rank).to_numpy(np.int64)
+        busy_piece = np.clip(np.minimum(u.end, hi) - np.maximum(u.start, lo), 0, None)
+        busy = np.bincount(u.group, weights=busy_piece, minlength=len(labels))
+        window = (span["hi"] - span["lo"]).reindex(labels["rank_key"]).to_numpy(np.int64)
+        frame = pd.DataFrame(
+            {
+                "rank_key": labels["rank_key"].to_numpy(),
+                "kind": kind,
+                "resource": _resource_names(kind, labels),
+                "busy_ns": busy.astype(np.int64),
+                "window_ns": window,
+                "spans": np.bincount(codes, minlength=len(labels)),
+            }
+        )
+        frame["idle_ns"] = frame["window_ns"] - frame["busy_ns"]
+        frame["busy_pct"] = (
+            100.0 * frame["busy_ns"] / frame["window_ns"].where(frame["window_ns"] > 0)
+        )
+        out.append(frame)
+    return _concat(out)
+
+
+def _resource_names(kind: str, labels: pd.DataFrame) -> list[str]:
+    cols = [labels[c].astype("Int64").astype(str).to_numpy() for c in labels.columns[1:]]
+    if kind == "cpu_thread":
+        return [f"pid {p} tid {t}" for p, t in zip(*cols, strict=True)]
+    if kind == "gpu_stream":
+        return [f"gpu {d} stream {s}" for d, s in zip(*cols, strict=True)]
+    return [f"gpu {d}" for d in cols[0]]
+
+
+def overlap(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
+    """Per window: GPU compute, copy and comm time, their overlaps with compute and the
+    exposed (not overlapped by compute) copy and comm time."""
+    out = []
+    cls, on_gpu = df["cls"].to_numpy(), df["on_gpu"].to_numpy()
+    s, e = df["start_ns"].to_numpy(np.int64), df["end_ns"].to_numpy(np.int64)
+    ranks = df["rank_key"].to_numpy()
+    for rank, w in wins.groupby("rank_key", sort=True):
+        lo, hi = w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)
+        mine = on_gpu & (ranks == rank)
+        compute = union(s[mine & (cls == "kernel")], e[mine & (cls == "kernel")])
+        copy_mask = mine & np.isin(cls, ["memcpy", "memset"])
+        copy = union(s[copy_mask], e[copy_mask])
+        comm = union(s[mine & (cls == "comm")], e[mine & (cls == "comm")])
+        row = w[["rank_key", "step", "name"]].copy()
+        row["compute_ns"] = compute.coverage().between(lo, hi)
+        row["copy_ns"] = copy.coverage().between(lo, hi)
+        row["comm_ns"] = comm.coverage().between(lo, hi)
+        row["compute_copy_overlap_ns"] = overlap_ns(compute, copy, lo, hi)
+        row["compute_comm_overlap_ns"] = overlap_ns(compute, comm, lo, hi)
+        row["exposed_copy_ns"] = row["copy_ns"] - row["compute_copy_overlap_ns"]
+        row["exposed_comm_ns"] = row["comm_ns"] - row["compute_comm_overlap_ns"]
+        out.append(row)
+    return _concat(out)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -1,0 +1,169 @@
+"""Timeline analyzers: the breakdown, resources, overlap and idle-gap classes, checked by
+hand on a small excerpt (tests/data/kineto_excerpt.json, times in µs past its base):
+
+    CPU  aten::mm 1001-1011, aten::busy 1025-1040, aten::late 1086-1093.5
+    RT   launch c1 1002-1007, c2 1009-1012, c3 1040-1042, c7 1042.5-1043,
+         cudaStreamSynchronize 1045-1053, c4 1053.5-1054.5, memcpy c5 1080-1082,
+         cuLaunchKernel c6 1093-1094 (its kernel is linked only by an ac2g flow)
+    GPU  s7: k1 1008-1020, k2 1021.503-1025, k3 1043-1050, k4 1055-1060,
+             memcpy 1083-1085, k8 1090-1092 (no launch), k6 1095-1097
+         s20: NCCL all-reduce (c7) 1044-1052
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import perfdiag
+from perfdiag.analyzers import intervals
+from perfdiag.analyzers.report import timeline_report
+from perfdiag.analyzers.spans import CLASSES
+from perfdiag.traces.importers.kineto import import_kineto
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
+
+EXCERPT = Path(__file__).parent / "data" / "kineto_excerpt.json"
+V100 = SHARED_DATA / "kineto" / "v100_train_ns_resolution.json.gz"
+T0 = 1712195495500000 * 1000
+PARTS = [f"{c}_ns" for c in CLASSES] + ["idle_ns"]
+
+
+def us(x: float) -> int:
+    return T0 + round(x * 1000)
+
+
+@pytest.fixture(scope="module")
+def excerpt(tmp_path_factory):
+    out = tmp_path_factory.mktemp("excerpt") / "run"
+    import_kineto([EXCERPT], out)
+    return timeline_report(perfdiag.load_run(out))
+
+
+@pytest.fixture(scope="module")
+def v100(tmp_path_factory):
+    if not V100.exists():
+        pytest.skip(f"shared V100 trace not found at {V100}")
+    out = tmp_path_factory.mktemp("v100") / "run"
+    import_kineto([V100], out)
+    run = perfdiag.load_run(out)
+    return run, timeline_report(run)
+
+
+def test_union_and_coverage():
+    u = intervals.union([5, 0, 2, 10, 12], [7, 3, 4, 12, 13])  # 10-12 and 12-13 touch
+    assert u.start.tolist() == [0, 5, 10] and u.end.tolist() == [4, 7, 13]
+    cov = u.coverage()
+    assert cov.between(np.array([0, 3, 6]), np.array([100, 6, 11])).tolist() == [9, 2, 2]
+    g = intervals.union([0, 1, 0, 5], [2, 3, 1, 6], groups=[1, 1, 0, 0])
+    assert list(zip(g.group, g.start, g.end, strict=True)) == [(0, 0, 1), (0, 5, 6), (1, 0, 3)]
+    gs, ge, nxt = intervals.gaps(g)
+    assert gs.tolist() == [1] and ge.tolist() == [5] and nxt.tolist() == [1]
+
+
+def test_breakdown_by_hand(excerpt):
+    b = excerpt.breakdown
+    assert len(b) == 1 and b.loc[0, "name"] == "ProfilerStep#1"
+    row = b.iloc[0]
+    assert (row["start_ns"], row["end_ns"]) == (us(1000), us(1100))
+    # kernels: 12 + 3.497 + 7 + 5 + 2 + 2; comm only where no kernel runs (1050-1052);
+    # runtime outside GPU work: 5 + 2 + 0.5 + 1 (sync after 1052) + 1 + 2 + 1;
+    # CPU outside both: 1001-1002, 1007-1008, 1025-1040, 1086-1090, 1092-1093.
+    expected = dict(
+        kernel_ns=31_497, memcpy_ns=2_000, memset_ns=0, comm_ns=2_000, runtime_ns=12_500,
+        cpu_ns=22_000, idle_ns=30_003,
+    )  # fmt: skip
+    assert {k: int(row[k]) for k in expected} == expected
+    assert sum(int(row[p]) for p in PARTS) == row["wall_ns"] == 100_000
+
+
+def test_idle_gaps_by_hand(excerpt):
+    g = excerpt.gaps
+    got = list(zip(g["start_ns"], g["end_ns"], g["cause"], strict=True))
+    assert got == [
+        (us(1020), us(1021.503), "launch_delay"),  # c2 was launched at 1009
+        (us(1025), us(1043), "host_bound"),  # launched at 1040 after aten::busy
+        (us(1052), us(1055), "sync"),  # the host sat in cudaStreamSynchronize
+        (us(1060), us(1083), "no_work"),  # the thread did nothing until 1080
+        (us(1085), us(1090), "unlinked"),  # k8 has no launch
+        (us(1092), us(1095), "host_bound"),  # cuLaunchKernel at 1093, aten::late busy
+    ]
+    s = excerpt.gap_summary.set_index("cause")
+    assert s.loc["host_bound", "total_ns"] == 21_000 and s.loc["host_bound", "gaps"] == 2
+
+
+def test_resources_overlap_and_launches(excerpt):
+    r = excerpt.resources.set_index("resource")
+    assert r.loc["gpu 0 stream 7", "busy_ns"] == 33_497
+    assert r.loc["gpu 0 stream 20", "busy_ns"] == 8_000
+    assert r.loc["pid 100 tid 100", "busy_ns"] == 47_500  # ops and calls on the thread
+    assert (r["busy_ns"] + r["idle_ns"] == r["window_ns"]).all()
+    o = excerpt.overlap.iloc[0]
+    assert o["compute_comm_overlap_ns"] == 6_000 and o["exposed_comm_ns"] == 2_000
+    assert o["exposed_copy_ns"] == 2_000 and o["compute_copy_overlap_ns"] == 0
+    assert excerpt.kernels_linked == pytest.approx(5 / 6)
+    ls = excerpt.launch_stats.set_index("launch_name")
+    assert ls.loc["cudaLaunchKernel", "ops"] == 4 + 1  # four kernels + the NCCL kernel
+    assert ls.loc["cuLaunchKernel", "queue_max_ns"] == 2_000
+    classes = excerpt.kernel_classes.set_index("kernel_class")["count"].to_dict()
+    assert classes == {
+        "gemm": 2, "communication": 1, "elementwise": 2, "normalisation": 1, "copy": 1,
+        "other": 1,
+    }  # fmt: skip
+
+
+def test_v100_timelines(v100):
+    run, rep = v100
+    spans = run.spans
+    kernels = spans[spans["category"] == "kernel"]
+    by_class = rep.kernel_classes.set_index("kernel_class")
+    gpu_total = spans[spans["category"].isin(["kernel", "gpu_memcpy", "gpu_memset", "comm"])]
+    gpu_total = gpu_total[gpu_total["device"].notna()]
+    assert by_class["total_ns"].sum() == gpu_total["dur_ns"].sum()
+    assert (
+        rep.kernels[rep.kernels["kernel_class"] != "copy"]["total_ns"].sum()
+        + rep.kernels[rep.kernels["kernel_class"] == "copy"]["total_ns"].sum()
+        == gpu_total["dur_ns"].sum()
+    )
+    assert rep.kernels["count"].sum() == len(gpu_total) and len(kernels) == 4350
+    b = rep.breakdown
+    assert (b[PARTS].sum(axis=1) == b["wall_ns"]).all()
+    assert list(b["name"]) == [f"ProfilerStep#{i}" for i in range(101, 106)]
+    assert rep.kernels_linked >= 0.99
+    assert set(rep.gaps["cause"]) <= {"sync", "launch_delay", "host_bound", "no_work", "unlinked"}
+    # GPU idle over the windows = the gaps inside them + the windows' edges
+    gpu = rep.resources[rep.resources["kind"] == "gpu"].iloc[0]
+    assert gpu["busy_ns"] == int(rep.overlap[["compute_ns"]].sum().iloc[0]) + int(
+        rep.overlap["copy_ns"].sum()
+    ) - int(rep.overlap["compute_copy_overlap_ns"].sum())
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "kineto").is_dir(), reason="shared traces not found")
+def test_every_shared_trace_gets_timelines(tmp_path):
+    for trace in sorted((SHARED_DATA / "kineto").glob("*.json.gz")):
+        if trace.name.startswith("v100"):
+            continue  # covered above
+        out = tmp_path / trace.name.split(".")[0]
+        import_kineto([trace], out)
+        rep = timeline_report(perfdiag.load_run(out))
+        b = rep.breakdown
+        assert len(b) and (b[PARTS].sum(axis=1) == b["wall_ns"]).all(), trace.name
+        assert len(rep.resources), trace.name
+        if "cpu_only" in trace.name:
+            assert rep.gpu_ops == 0 and b["kernel_ns"].sum() == 0 and b["comm_ns"].sum() > 0
+        else:
+            assert rep.gpu_ops > 0 and rep.kernels_linked >= 0.9, trace.name
+
+
+def test_cli_timeline_json(tmp_path, cli):
+    import json
+
+    import_kineto([EXCERPT], tmp_path / "run")
+    r = cli("timeline", tmp_path / "run", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["breakdown"][0]["idle_ns"] == 30_003
+    text = cli("timeline", tmp_path / "run")
+    assert text.returncode == 0 and "GPU idle gaps" in text.stdout
+    missing = cli("timeline", tmp_path / "nope")
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1

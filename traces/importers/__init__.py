@@ -1,0 +1,1 @@
+"""Importers: foreign traces (PyTorch-profiler / Kineto Chrome JSON, …) into the run format."""

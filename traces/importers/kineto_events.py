@@ -1,0 +1,305 @@
+"""Map Kineto (PyTorch profiler) trace events onto the run format's rows.
+
+One `KinetoFileReader` turns the events of one trace file into `Span` and `Counter`
+tuples. Conventions (see docs/timeline.md):
+- timestamps are integer ns, converted from the decimal text of Kineto's µs values
+  (`Decimal`, never a float: a float64 holds 1.7e15 µs only to 0.25 µs);
+- a CPU span keeps `pid`/`tid`; a GPU span (kernel, copy, set, sync, GPU annotation)
+  gets `device`/`stream` from its args (else from pid/tid) and no pid/tid;
+- NCCL/RCCL kernels, `record_param_comms` and collective annotations (`nccl:*`,
+  `gloo:*`) are category `comm`; a collective's `bytes` is its input message size;
+- `correlation` comes from `args.correlation`; events without it are joined to their
+  launch through the `ac2g` flow events (binding by thread and start time);
+- `args` keeps the event's own args text as written (no re-encoding).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from decimal import Decimal, InvalidOperation
+
+from .chrome_stream import ChromeTraceStream
+
+CPU, GPU = 0, 1
+
+# Kineto category → (perfdiag span category, resource kind). Older Kineto versions wrote
+# capitalised names; non-CUDA backends write `<backend>_runtime`.
+CATEGORIES: dict[str, tuple[str, int]] = {
+    "cpu_op": ("cpu_op", CPU),
+    "operator": ("cpu_op", CPU),
+    "python_function": ("python", CPU),
+    "user_annotation": ("annotation", CPU),
+    "cuda_runtime": ("cuda_runtime", CPU),
+    "cuda_driver": ("cuda_driver", CPU),
+    "privateuse1_runtime": ("cuda_runtime", CPU),
+    "mtia_runtime": ("cuda_runtime", CPU),
+    "runtime": ("cuda_runtime", CPU),
+    "kernel": ("kernel", GPU),
+    "gpu_memcpy": ("gpu_memcpy", GPU),
+    "memcpy": ("gpu_memcpy", GPU),
+    "gpu_memset": ("gpu_memset", GPU),
+    "memset": ("gpu_memset", GPU),
+    "cuda_sync": ("cuda_sync", GPU),
+    "gpu_user_annotation": ("annotation", GPU),
+}
+SKIPPED_CATEGORIES = frozenset({"Trace"})  # the profiler's own window: kept in the manifest
+# Categories whose spans take part in the launch ↔ GPU-work correlation join.
+CORRELATED = frozenset({"cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset"})
+
+_COMM_KERNEL = re.compile(r"(?i)\b(?:void\s+)?[nr]ccl")
+_COMM_ANNOTATION = re.compile(r"(?i)^(?:nccl|rccl|gloo|mpi|ucc|c10d):|^record_param_comms$")
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8,
+    "float64": 8, "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "char": 1,
+    "byte": 1, "bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
+FLOW_WINDOW = 1 << 18  # flow endpoints kept while no span waits for one (bounds memory)
+
+
+def to_ns(value) -> int:
+    """Kineto µs → integer ns, exactly: `value` is an int or the number's own text (the
+    stream decodes floats as text); digits below the ns are rounded half-even."""
+    if value.__class__ is int:
+        return value * 1000
+    if value.__class__ is str:
+        dot = value.find(".")
+        if dot != -1 and len(value) - dot == 4 and "e" not in value and "E" not in value:
+            return int(value[:dot] + value[dot + 1 :])  # the common "123.456" µs form
+        try:
+            return int(Decimal(value).scaleb(3).to_integral_value())
+        except InvalidOperation:
+            raise TypeError(f"not a timestamp: {value!r}") from None
+    if value.__class__ is Decimal or isinstance(value, float):
+        return int(Decimal(value).scaleb(3).to_integral_value())
+    raise TypeError(f"not a timestamp: {value!r}")
+
+
+def _int(value) -> int | None:
+    if value.__class__ is int:
+        return value
+    try:
+        return int(value, 0) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError, ArithmeticError):
+        pass
+    try:  # a float's text: "1.5e9"
+        return int(Decimal(value)) if isinstance(value, str) else None
+    except (InvalidOperation, ValueError, ArithmeticError):
+        return None
+
+
+def _number(value) -> float | None:
+    """A counter value: an int, or a float's text as the stream decoded it."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def comm_bytes(args: dict) -> int | None:
+    """A collective's input message size from Kineto's record_param_comms args."""
+    n = _int(args.get("In msg nelems"))
+    size = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower())
+    return n * size if n is not None and size else None
+
+
+class KinetoFileReader:
+    """Reads one trace file, handing each row to `add_span` / `add_counter`."""
+
+    def __init__(self, path, add_span, add_counter, *, rank_of, time_offset_ns: int = 0):
+        """`rank_of(header)` names the rank: Kineto writes `distributedInfo` before the
+        events, so it is called once the first event is reached."""
+        self.add_span, self.add_counter = add_span, add_counter
+        self.stream = ChromeTraceStream(path)
+        self.rank_of = rank_of
+        self.rank: int | None = None
+        self.offset = time_offset_ns
+        self.spans_by_category: dict[str, int] = {}
+        self.skipped: dict[str, int] = {}
+        self.processes: dict[str, dict] = {}
+        self.threads: dict[str, str] = {}
+        self.profiler_windows: list[tuple[int, int]] = []
+        self.flows_linked = 0
+        self._flows: dict[tuple, int] = {}
+        self._pending: list[tuple[tuple, tuple]] = []  # spans waiting for a flow
+
+    def _skip(self, what: str) -> None:
+        self.skipped[what] = self.skipped.get(what, 0) + 1
+
+    def _args_text(self, args: dict) -> str | None:
+        """The args object's own text (Kineto writes `args` last), else re-encoded."""
+        stream = self.stream
+        buf, a, b = stream.buffer, stream.value_start, stream.value_end
+        k = buf.find('"args"', a, b)
+        if k != -1:
+            colon = buf.find(":", k + 6, b)
+            close = buf.rfind("}", a, b)
+            text = buf[colon + 1 : close].strip()
+            if text[:1] == "{" and text[-1:] == "}":
+                return text
+        # Rare: args not written last. Decode the event again with real floats.
+        return _dumps(json.loads(buf[a:b]).get("args", args))
+
+    def read(self) -> None:
+        events = self.stream.events()
+        first = next(events, None)
+        self.rank = rank = self.rank_of(self.stream.header)
+        offset, add_span, other = self.offset, self.add_span, self._other
+        categories, by_cat, pending = CATEGORIES, self.spans_by_category, self._pending
+        args_text, flows = self._args_text, self._flows
+        # The hot loop (one pass per event): plain ints take the fast path, anything
+        # else goes through to_ns/_int.
+        for ev in itertools.chain(() if first is None else (first,), events):
+            ph = ev.get("ph")
+            if ph != "X":
+                if ph == "f" or ph == "s":
+                    if ev.get("cat") == "ac2g":
+                        # Raw (pid, tid, ts) as the key: no conversion for the many flows
+                        # that nothing will look up.
+                        flows[(ev.get("pid"), ev.get("tid"), ev.get("ts"))] = ev.get("id")
+                        if len(flows) > FLOW_WINDOW and not pending:
+                            flows.clear()  # Kineto writes each flow beside its span
+                    else:
+                        self._skip(f"{ev.get('cat')} flow")
+                    continue
+                other(ev, ph)
+                continue
+            name = ev.get("name")
+            if name.__class__ is not str:
+                name = "" if name is None else str(name)
+            ts = ev.get("ts")
+            dur = ev.get("dur", 0)
+            try:
+                start = (ts * 1000 if ts.__class__ is int else to_ns(ts)) + offset
+                dur = dur * 1000 if dur.__class__ is int else to_ns(dur)
+            except (TypeError, ArithmeticError):
+                self._skip("X event without a numeric ts/dur")
+                continue
+            if dur < 0:  # an op still open when the profiler stopped
+                self._skip("negative duration (set to 0)")
+                dur = 0
+            cat = ev.get("cat")
+            mapped = categories.get(cat)
+            if mapped is None:
+                if cat in SKIPPED_CATEGORIES:
+                    self.profiler_windows.append((start, start + dur))
+                    continue
+                category, kind = (str(cat) if cat else "other"), CPU
+            else:
+                category, kind = mapped
+            args = ev.get("args")
+            if args.__class__ is not dict:
+                args = {}
+            corr = args.get("correlation")
+            if corr is not None and corr.__class__ is not int:
+                corr = _int(corr)
+            nbytes = flops = None
+            if kind == GPU:
+                pid = tid = None
+                device = args.get("device", ev.get("pid"))
+                if device.__class__ is not int:
+                    device = _int(device)
+                stream = args.get("stream", ev.get("tid"))
+                if stream.__class__ is not int:
+                    stream = _int(stream)
+                if category == "kernel":
+                    if _COMM_KERNEL.match(name):
+                        category = "comm"
+                        nbytes = comm_bytes(args)
+                elif category == "gpu_memcpy" or category == "gpu_memset":
+                    nbytes = _int(args.get("bytes"))
+            else:
+                pid, tid = ev.get("pid"), ev.get("tid")
+                if pid.__class__ is not int:
+                    pid = _int(pid)
+                if tid.__class__ is not int:
+                    tid = _int(tid)
+                device = stream = None
+                if category == "cpu_op" or category == "annotation":
+                    if _COMM_ANNOTATION.match(name):
+                        category = "comm"
+                        nbytes = comm_bytes(args)
+                    elif "flops" in args:
+                        flops = _int(args["flops"])
+            row = (
+                name, category, start, dur, pid, tid, device, stream, rank, None, corr,
+                flops, nbytes, args_text(args) if args else None,
+            )  # fmt: skip
+            by_cat[category] = by_cat.get(category, 0) + 1
+            if corr is None and (category in CORRELATED or (category == "comm" and kind == GPU)):
+                pending.append((row, (ev.get("pid"), ev.get("tid"), ev.get("ts"))))
+                continue
+            add_span(row)
+        self._resolve_pending()
+
+    def _other(self, ev: dict, ph) -> None:
+        if ph == "M":
+            self._metadata(ev)
+        elif ph == "C":
+            self._counter(ev)
+        elif ph in ("i", "I") and ev.get("name") == "[memory]":
+            self._memory(ev)
+        else:
+            self._skip(f"ph={ph} event")
+
+    def _metadata(self, ev: dict) -> None:
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        what, pid = ev.get("name"), str(ev.get("pid"))
+        if what == "process_name":
+            self.processes.setdefault(pid, {})["name"] = args.get("name")
+        elif what == "process_labels":
+            self.processes.setdefault(pid, {})["labels"] = args.get("labels")
+        elif what == "thread_name":
+            self.threads[f"{pid}/{ev.get('tid')}"] = args.get("name")
+
+    def _counter(self, ev: dict):
+        try:
+            ts = to_ns(ev["ts"]) + self.offset
+        except (KeyError, TypeError, ArithmeticError):
+            self._skip("counter without ts")
+            return
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        name = str(ev.get("name", "counter"))
+        for key, value in args.items():
+            number = _number(value)
+            if number is not None:
+                label = name if len(args) == 1 else f"{name}.{key}"
+                self.add_counter((label, ts, number, f"pid{ev.get('pid')}"))
+
+    def _memory(self, ev: dict):
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        try:
+            ts = to_ns(ev["ts"]) + self.offset
+        except (KeyError, TypeError, ArithmeticError):
+            self._skip("memory event without ts")
+            return
+        device = _int(args.get("Device Id"))
+        # Kineto's Device Type: 0 CPU, 1 CUDA (and other accelerators above).
+        scope = "cpu" if args.get("Device Type") == 0 else f"gpu{device}"
+        for key, label in (
+            ("Total Allocated", "memory_allocated_bytes"),
+            ("Total Reserved", "memory_reserved_bytes"),
+        ):
+            value = _number(args.get(key))
+            if value is not None:
+                self.add_counter((label, ts, value, scope))
+
+    def _resolve_pending(self) -> None:
+        for row, key in self._pending:
+            corr = _int(self._flows.get(key))
+            if corr is not None:
+                self.flows_linked += 1
+                row = (*row[:10], corr, *row[11:])
+            self.add_span(row)
+        self._pending.clear()
+        self._flows.clear()
