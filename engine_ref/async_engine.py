@@ -52,6 +52,13 @@ class AsyncLLMEngine:
             if not finished:
                 self.engine.abort(rid)
 
+    async def generate_all(self, prompt: Prompt, params: SamplingParams | None = None) -> list[int]:
+        """All of one request's output token ids, once it finishes."""
+        tokens: list[int] = []
+        async for out in self.generate(prompt, params):
+            tokens.extend(out.new_token_ids)
+        return tokens
+
     async def abort(self, request_id: str) -> bool:
         return self.engine.abort(request_id)
 

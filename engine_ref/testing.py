@@ -118,3 +118,59 @@ def with_scheduler(cfg: EngineConfig, **kw) -> EngineConfig:
 
 def with_cache(cfg: EngineConfig, **kw) -> EngineConfig:
     return replace(cfg, cache=replace(cfg.cache, **kw))
+
+
+# A small hand-written Llama checkpoint (config.json + model.safetensors), for loader tests.
+LLAMA_CONFIG = dict(
+    model_type="llama",
+    vocab_size=50,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
+def llama_tensors(cfg: dict = LLAMA_CONFIG, drop: str = "") -> dict[str, torch.Tensor]:
+    """Random tensors under Hugging Face Llama names for `cfg` (minus `drop`)."""
+    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = h // nh
+    gen = torch.Generator().manual_seed(0)
+    t = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        t |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (nh * d, h),
+            p + "self_attn.k_proj.weight": (nkv * d, h),
+            p + "self_attn.v_proj.weight": (nkv * d, h),
+            p + "self_attn.o_proj.weight": (h, nh * d),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        }
+    return {k: torch.randn(s, generator=gen) for k, s in t.items() if k != drop}
+
+
+def write_checkpoint(
+    path, config: dict | None = None, tensors: dict | None = None, raw_config: str | None = None
+):
+    """Write config.json (a dict, or raw text) and model.safetensors (unless `tensors` is
+    empty) into the directory `path`; returns it."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    text = raw_config if raw_config is not None else json.dumps(config or LLAMA_CONFIG)
+    (path / "config.json").write_text(text)
+    tensors = llama_tensors(config or LLAMA_CONFIG) if tensors is None else tensors
+    if tensors:
+        save_file(tensors, str(path / "model.safetensors"))
+    return path

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from perfdiag.engine_ref import (
@@ -17,7 +15,8 @@ from perfdiag.engine_ref import (
 )
 from perfdiag.engine_ref import RequestEventKind as K
 from perfdiag.engine_ref.config import CacheConfig, EngineConfig, SchedulerConfig
-from perfdiag.engine_ref.testing import tiny_config
+from perfdiag.engine_ref.testing import LLAMA_CONFIG as LLAMA
+from perfdiag.engine_ref.testing import llama_tensors, tiny_config, write_checkpoint
 from perfdiag.errors import ConfigError, PerfdiagError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -128,48 +127,15 @@ def test_invalid_engine_configs(make):
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
-LLAMA = dict(
-    model_type="llama",
-    vocab_size=50,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+def _write(path, config=None, tensors=None, raw_config=None):
+    pytest.importorskip("safetensors", reason="writes checkpoints")
+    # the weights always follow the base config, so a changed config.json mismatches them
+    tensors = llama_tensors(LLAMA) if tensors is None else tensors
+    return write_checkpoint(path, config, tensors, raw_config)
 
 
 def _tensors(drop: str = "") -> dict:
-    torch = pytest.importorskip("torch")
-    h, i, v, d = 32, 48, 50, 8
-    t = {
-        "model.embed_tokens.weight": torch.randn(v, h),
-        "model.norm.weight": torch.ones(h),
-        "lm_head.weight": torch.randn(v, h),
-        "model.layers.0.input_layernorm.weight": torch.ones(h),
-        "model.layers.0.post_attention_layernorm.weight": torch.ones(h),
-        "model.layers.0.self_attn.q_proj.weight": torch.randn(4 * d, h),
-        "model.layers.0.self_attn.k_proj.weight": torch.randn(2 * d, h),
-        "model.layers.0.self_attn.v_proj.weight": torch.randn(2 * d, h),
-        "model.layers.0.self_attn.o_proj.weight": torch.randn(h, 4 * d),
-        "model.layers.0.mlp.gate_proj.weight": torch.randn(i, h),
-        "model.layers.0.mlp.up_proj.weight": torch.randn(i, h),
-        "model.layers.0.mlp.down_proj.weight": torch.randn(h, i),
-    }
-    t.pop(drop, None)
-    return t
-
-
-def _write(path, config=None, tensors=None, raw_config=None):
-    """A hand-written Llama checkpoint directory (config.json + model.safetensors)."""
-    safetensors = pytest.importorskip("safetensors.torch", reason="writes checkpoints")
-    text = raw_config if raw_config is not None else json.dumps(config or LLAMA)
-    (path / "config.json").write_text(text)
-    tensors = _tensors() if tensors is None else tensors
-    if tensors:
-        safetensors.save_file(tensors, str(path / "model.safetensors"))
-    return path
+    return llama_tensors(LLAMA, drop)
 
 
 def test_valid_handwritten_checkpoint_loads(tmp_path):
@@ -204,7 +170,7 @@ def test_bad_checkpoints_fail_at_load_with_one_line(tmp_path, setup, match):
     if setup == "missing_dir":
         d = tmp_path / "nowhere"
     elif setup == "no_config":
-        pass
+        (d / "model.safetensors").write_bytes(b"")
     elif setup == "bad_json":
         _write(d, raw_config="{not json")
     elif setup == "json_list":
