@@ -57,6 +57,7 @@ class ClientResult:
     output_tokens: int = 0
     output_digest: str | None = None
     error: str | None = None
+    token_ids: list[int] | None = None  # kept only when asked (--record-text)
 
 
 @dataclass
@@ -91,10 +92,11 @@ async def drive(
     sink: ClientSink,
     arrival: ArrivalSpec,
     progress: Progress | None = None,
+    keep_token_ids: bool = False,
 ) -> Progress:
     """Send every planned request per `arrival`; return when all have ended."""
     progress = progress or Progress(total=len(planned))
-    client = _Client(target, sink, progress)
+    client = _Client(target, sink, progress, keep_token_ids)
     if arrival.mode == "closed":
         await client.closed_loop(planned, arrival.concurrency)
     else:
@@ -103,8 +105,9 @@ async def drive(
 
 
 class _Client:
-    def __init__(self, target: Target, sink: ClientSink, progress: Progress):
+    def __init__(self, target: Target, sink: ClientSink, progress: Progress, keep: bool):
         self.target, self.sink, self.progress = target, sink, progress
+        self.keep_token_ids = keep
 
     async def closed_loop(self, planned: list[PlannedRequest], concurrency: int) -> None:
         queue = iter(planned)
@@ -157,6 +160,8 @@ class _Client:
             result = ClientResult(req, "error", error=f"{type(e).__name__}: {e}")
         result.output_tokens = len(tokens)
         result.output_digest = digest(tokens)
+        if self.keep_token_ids:
+            result.token_ids = tokens
         self.sink.client_event(req.request_id, "done", time.monotonic_ns(), len(tokens))
         self._count(result)
         self.sink.request_done(result)

@@ -41,7 +41,7 @@ ENGINE_KINDS = {
 
 class RunRecorder(EngineObserver):
     def __init__(self, writer: RunWriter, rank: int | None = None, step_timer=None,
-                 window=None):  # fmt: skip
+                 window=None, decode=None):  # fmt: skip
         self._event = writer.table("request_events").append
         self._step = writer.table("steps").append
         self._span = writer.table("spans").append
@@ -53,6 +53,7 @@ class RunRecorder(EngineObserver):
         self.steps_recorded = 0
         self._timer = step_timer  # CudaStepTimer on a GPU: GPU time per step, NVTX ranges
         self._window = window  # ProfilerWindow: torch.profiler over chosen steps
+        self._decode = decode  # with --record-text: token ids → text
 
     # -- engine side ---------------------------------------------------------------------
     def on_request(self, e: RequestEvent) -> None:
@@ -70,7 +71,7 @@ class RunRecorder(EngineObserver):
     def on_step_begin(self, e: StepBegin) -> None:
         # The step's row is written whole when it ends; here only what must start now.
         if self._window is not None:
-            self._window.on_step_begin(e.step_id)
+            self._window.on_step_begin(e.step_id, e.start_ns)
         if self._timer is not None:
             self._timer.begin(e.step_id)
 
@@ -82,7 +83,7 @@ class RunRecorder(EngineObserver):
     def on_step(self, e: StepEvent) -> None:
         gpu_time_ns = self._timer.end() if self._timer is not None else None
         if self._window is not None:
-            self._window.on_step_end(e.step_id)
+            self._window.on_step_end(e.step_id, e.end_ns)
         self._step((e.step_id, e.start_ns, e.end_ns, e.num_prefill_seqs, e.num_prefill_tokens,
                     e.num_decode_seqs, e.num_context_tokens, e.num_waiting, e.num_running,
                     e.num_swapped, e.num_preemptions, e.kv_blocks_used, e.kv_blocks_free,
@@ -99,6 +100,10 @@ class RunRecorder(EngineObserver):
         rid = req.request_id
         prompt_len = req.prompt_len if req.prompt_len is not None else self._prompt_len.get(rid)
         args = {"max_tokens": req.max_tokens, "offset_s": req.offset_s}
+        if self._decode is not None:  # --record-text: content, on request only
+            prompt = req.prompt_text if req.prompt_ids is None else self._decode(req.prompt_ids)
+            args["prompt_text"] = prompt
+            args["output_text"] = self._decode(result.token_ids or [])
         if req.cancel_after_tokens is not None or req.cancel_after_s is not None:
             args["cancel_after_tokens"] = req.cancel_after_tokens
             args["cancel_after_s"] = req.cancel_after_s

@@ -24,6 +24,7 @@ from ..traces.writer import RunWriter
 from .client import Progress, drive
 from .cuda_timing import make_step_timer
 from .device_sampler import DeviceSampler
+from .profiler_window import ProfilerWindow
 from .recorder import RunRecorder
 from .run_options import RunOptions
 from .targets import EngineTarget
@@ -68,10 +69,17 @@ def record_run(
         environment_info=environment.fingerprint(deep=True),
     )
     status = CRASHED
-    sampler = None
+    sampler = window = None
     try:
+        if options.probes.profile_steps is not None:
+            first, last = options.probes.profile_steps
+            window = ProfilerWindow(first, last, options.engine.device, out_dir)
+            window.prepare()
         engine.observer = RunRecorder(
-            writer, step_timer=make_step_timer(options.engine.device, options.probes.nvtx)
+            writer,
+            step_timer=make_step_timer(options.engine.device, options.probes.nvtx),
+            window=window,
+            decode=engine.tokenizer.decode if options.probes.record_text else None,
         )
         if options.probes.device_sampling:
             sampler = DeviceSampler(writer.table("counters").append,
@@ -86,6 +94,9 @@ def record_run(
         engine.observer = None
         if sampler is not None:
             sampler.stop()
+        if window is not None:
+            info = window.finish(writer, writer.manifest.clock)
+            writer.update_manifest(extra={**writer.manifest.extra, "profiler_window": info})
         writer.close(status)
     return SessionResult(out_dir, status, progress)
 
@@ -100,7 +111,8 @@ async def _drive(engine, planned, options, progress, on_progress, interval_s) ->
         reporter = asyncio.create_task(_report(progress, on_progress, interval_s))
     try:
         async with engine_target.engine:
-            await drive(planned, engine_target, sink, options.workload.arrival, progress)
+            await drive(planned, engine_target, sink, options.workload.arrival, progress,
+                        keep_token_ids=options.probes.record_text)  # fmt: skip
     finally:
         if reporter is not None:
             reporter.cancel()

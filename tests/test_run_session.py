@@ -2,6 +2,7 @@
 cancellation / warm-up / seeds behave, and the run holds every step."""
 
 import itertools
+import json
 
 import numpy as np
 import pandas as pd
@@ -138,3 +139,53 @@ def test_same_seed_same_workload_and_outputs(recorded, tmp_path):
     assert (a["prompt_tokens"] == b["prompt_tokens"]).all()
     full = a["finish_reason"] == "length"
     assert (a.loc[full, "output_digest"] == b.loc[full, "output_digest"]).all()
+
+
+def test_profiler_window_spans_map_to_their_steps(tmp_path):
+    options = RunOptions(
+        ENGINE,
+        _workload(requests=6, warmup=0, cancel=CancelSpec()),
+        ProbeOptions(profile_steps=(2, 4), device_sampling=False),
+    )
+    record_run(options, tmp_path / "p", command=["pytest"])
+    run = load_run(tmp_path / "p")
+    info = run.manifest.extra["profiler_window"]
+    assert info["captured_steps"] == [2, 4]
+    assert (tmp_path / "p" / info["raw_trace"]).exists()
+    spans = run.spans
+    profiled = spans[~spans["category"].isin(["phase", "probe"])]
+    assert len(profiled) == info["spans"] > 0
+    assert profiled["step_id"].notna().all()  # every span in the window maps to a step
+    assert set(profiled["step_id"].astype(int)) == {2, 3, 4}
+    # On the run's clock, each op starts inside its step (to the clock sync's precision).
+    slack = info["clock_sync_uncertainty_ns"] + 50_000
+    joined = profiled.merge(run.steps, on="step_id", suffixes=("", "_step"))
+    assert (joined["start_ns"] >= joined["start_ns_step"] - slack).all()
+    assert (joined["start_ns"] <= joined["end_ns"] + slack).all()
+    # The profiler's own start and stop are recorded, between steps, not inside them.
+    overhead = spans[spans["category"] == "probe"]
+    assert set(overhead["name"]) == {"profiler_start", "profiler_stop"}
+
+
+def test_a_window_after_the_run_is_reported_not_silently_empty(tmp_path):
+    options = RunOptions(
+        ENGINE,
+        _workload(requests=2, warmup=0, cancel=CancelSpec(), output_len=LengthSpec(value=2)),
+        ProbeOptions(profile_steps=(10_000, 10_001), device_sampling=False),
+    )
+    record_run(options, tmp_path / "p", command=["pytest"])
+    info = load_run(tmp_path / "p").manifest.extra["profiler_window"]
+    assert info["captured_steps"] is None and "ended before" in info["reason"]
+
+
+def test_text_is_stored_only_when_asked(recorded, tmp_path):
+    _, run, _ = recorded
+    assert not run.requests["args"].str.contains("output_text").any()
+    options = RunOptions(
+        ENGINE,
+        _workload(requests=3, warmup=0, cancel=CancelSpec()),
+        ProbeOptions(record_text=True, device_sampling=False),
+    )
+    record_run(options, tmp_path / "t", command=["pytest"])
+    args = load_run(tmp_path / "t").requests["args"].map(json.loads)
+    assert all("prompt_text" in a and "output_text" in a for a in args)
