@@ -30,6 +30,9 @@ def timeline(
     run: Annotated[Path, typer.Argument(help="A run directory (recorded or imported).")],
     top: Annotated[int, typer.Option(help="Rows in the kernel and op tables.")] = 10,
     max_windows: Annotated[int, typer.Option(help="Steps shown in the breakdown.")] = 20,
+    ceilings_dir: Annotated[
+        Path | None, typer.Option(help="Measured ceilings to use (see `perfdiag calibrate`).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Where the time went: CPU, GPU, copies, communication and idle, step by step."""
@@ -37,10 +40,13 @@ def timeline(
     from ..analyzers.spans import CLASSES
     from ..traces.reader import load_run
 
-    rep = timeline_report(load_run(run))
+    loaded = load_run(run)
+    rep = timeline_report(loaded)
+    roof = _roofline(loaded, ceilings_dir)
     if as_json:
         data = {name: _records(frame) for name, frame in rep.frames().items() if name != "gaps"}
         data["kernels_linked"] = rep.kernels_linked
+        data["roofline"] = roof.to_dict()
         print(json.dumps(data, indent=2, default=str))
         return
     parts = [f"{c}_ns" for c in CLASSES] + ["idle_ns"]
@@ -165,3 +171,52 @@ def timeline(
                 f"{row['share_pct']:.1f}",
             )
         out.print(t)
+
+    _print_roofline(roof)
+
+
+def _roofline(run, ceilings_dir):
+    """The run's roofline, saved under results/ with the ceilings it used."""
+    from ..analyzers.roofline import roofline_report
+    from ..traces.layout import RESULTS_DIR
+
+    roof = roofline_report(run, ceilings_dir=ceilings_dir)
+    try:
+        results = Path(run.path) / RESULTS_DIR
+        results.mkdir(exist_ok=True)
+        (results / "roofline.json").write_text(json.dumps(roof.to_dict(), indent=2) + "\n")
+    except OSError:
+        pass  # a read-only run still gets its roofline printed
+    return roof
+
+
+def _print_roofline(roof) -> None:
+    c = roof.ceilings
+    out.print(
+        f"roofline ceilings: {c.device} ({c.kind}, {roof.dtype} "
+        f"{c.peak_flops(roof.dtype) / 1e12:,.3f} TFLOP/s, {c.bytes_per_s / 1e9:,.1f} GB/s) "
+        f"from {c.source}",
+        highlight=False,
+        markup=False,
+    )
+    for title, frame, key in (
+        ("roofline per step", roof.steps, "step_id"),
+        ("roofline per span", roof.spans, "name"),
+    ):
+        if not len(frame):
+            continue
+        t = Table(key, "GFLOP", "MB", "FLOP/B", "TFLOP/s", "GB/s", "% roof", "bound", title=title)
+        for _, row in frame.head(20).iterrows():
+            t.add_row(
+                str(row[key])[:60],
+                f"{row['flops'] / 1e9:,.3f}",
+                f"{row['bytes'] / 1e6:,.2f}",
+                f"{row['intensity']:,.1f}",
+                f"{row['attained_flops_per_s'] / 1e12:,.3f}",
+                f"{row['attained_bytes_per_s'] / 1e9:,.1f}",
+                f"{row['pct_of_roof']:,.1f}",
+                row["bound"],
+            )
+        out.print(t)
+        counts = frame["bound"].value_counts().to_dict()
+        out.print("bound classes: " + ", ".join(f"{k} {v}" for k, v in counts.items()))

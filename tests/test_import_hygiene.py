@@ -15,6 +15,13 @@ HEAVY = ("torch", "triton", "textual")
         ["perfdiag"],
         ["perfdiag.traces", "perfdiag.traces.reader", "perfdiag.traces.writer"],
         ["perfdiag.analyzers"],
+        [
+            "perfdiag.analyzers.report",
+            "perfdiag.analyzers.roofline",
+            "perfdiag.analyzers.model_flops",
+            "perfdiag.analyzers.ceilings",
+            "perfdiag.traces.importers.kineto",
+        ],
     ],
 )
 def test_no_heavy_imports(modules):

@@ -1,0 +1,186 @@
+"""Analytic FLOPs and bytes of a Llama-style decoder step, per op (pure numpy, no torch).
+
+A step is described by the moments of its batch (`StepShape`), so one call covers any
+number of steps at once (every field may be an array). Conventions (docs/timeline.md):
+- a matmul of (m×k)·(k×n) is 2·m·n·k FLOPs; bias adds are ignored;
+- attention FLOPs are its two matmuls, QKᵀ and PV: 4·H·d per (query, key) pair, with H
+  the query heads (GQA shares K/V between heads but not the arithmetic); softmax, scale
+  and mask are not counted (as FlashAttention and torch's FlopCounterMode count);
+- `causal="exact"` counts only the pairs a causal mask keeps (a prefill chunk of n new
+  tokens after c cached ones: n·c + n(n+1)/2); `causal="full"` counts every pair
+  (n·(c+n)), which is what a dense masked matmul (and FlopCounterMode) does;
+- bytes are the ideal traffic of fused kernels: each weight read once per step,
+  activations read and written once per op, K/V read once per sequence per layer
+  (FlashAttention: scores never reach memory), new K/V written once, in `kv_bytes`;
+- RMSNorm 4 FLOPs/element, RoPE 3, SiLU-and-multiply 5, residual add 1;
+- the final norm runs on every token; the LM head only on sampled positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pandas as pd
+
+_DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2,
+    "bf16": 2, "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "int8": 1, "int4": 0.5,
+}  # fmt: skip
+_ALIASES = {
+    "num_layers": ("num_layers", "num_hidden_layers", "n_layer", "n_layers"),
+    "num_heads": ("num_heads", "num_attention_heads", "n_head"),
+    "num_kv_heads": ("num_kv_heads", "num_key_value_heads"),
+    "hidden_size": ("hidden_size", "dim", "n_embd"),
+    "intermediate_size": ("intermediate_size", "ffn_dim"),
+    "vocab_size": ("vocab_size",),
+    "head_dim": ("head_dim",),
+}
+
+
+def dtype_bytes(dtype) -> float:
+    if isinstance(dtype, (int, float)):
+        return float(dtype)
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; one of {sorted(_DTYPE_BYTES)}")
+    return float(_DTYPE_BYTES[name])
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of a model; `from_dict` reads engine or HF configs."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    weight_bytes: float = 2.0
+    act_bytes: float = 2.0
+    kv_bytes: float = 2.0
+
+    def __post_init__(self):
+        for f in fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"model {f.name} must be > 0")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+
+    @classmethod
+    def from_dict(cls, d: dict, *, dtype=None, kv_dtype=None) -> ModelShape:
+        def get(name, default=None):
+            for key in _ALIASES[name]:
+                if d.get(key) is not None:
+                    return int(d[key])
+            if default is None:
+                raise ValueError(f"model config lacks {name} (keys: {', '.join(sorted(d))})")
+            return default
+
+        heads, hidden = get("num_heads"), get("hidden_size")
+        head_dim = get("head_dim", 0) or hidden // heads
+        w = dtype_bytes(dtype or d.get("dtype") or d.get("torch_dtype") or 2)
+        kv = dtype_bytes(kv_dtype or d.get("kv_cache_dtype") or w)
+        return cls(
+            hidden, get("num_layers"), heads, get("num_kv_heads", heads), head_dim,
+            get("intermediate_size"), get("vocab_size"), w, w, kv,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """A batch by its moments (scalars or arrays, one entry per step)."""
+
+    prefill_tokens: object = 0  # Σ n, new prompt tokens
+    prefill_pairs_exact: object = 0  # Σ n·c + n(n+1)/2, causal (query, key) pairs
+    prefill_pairs_full: object = 0  # Σ n·(c + n)
+    prefill_kv_tokens: object = 0  # Σ (c + n), K/V each prefill sequence reads
+    decode_seqs: object = 0  # B, one new token each
+    decode_kv_tokens: object = 0  # Σ (ctx + 1), K/V each decode sequence reads
+    sampled: object = 0  # positions whose logits are computed
+
+    @classmethod
+    def from_sequences(cls, prefill=(), decode=()) -> StepShape:
+        """`prefill`: (new tokens n, cached context c[, samples]) per sequence (samples
+        defaults to True: the chunk ends the prompt); `decode`: context length (tokens
+        already in the KV cache) per sequence."""
+        n = np.array([p[0] for p in prefill], dtype=np.int64)
+        c = np.array([p[1] for p in prefill], dtype=np.int64)
+        samples = sum(1 for p in prefill if (p[2] if len(p) > 2 else True))
+        ctx = np.asarray(list(decode), dtype=np.int64)
+        return cls(
+            prefill_tokens=int(n.sum()),
+            prefill_pairs_exact=int((n * c + n * (n + 1) // 2).sum()),
+            prefill_pairs_full=int((n * (c + n)).sum()),
+            prefill_kv_tokens=int((c + n).sum()),
+            decode_seqs=len(ctx),
+            decode_kv_tokens=int((ctx + 1).sum()),
+            sampled=samples + len(ctx),
+        )
+
+
+def step_ops(m: ModelShape, s: StepShape, *, causal: str = "exact") -> dict[str, tuple]:
+    """{op: (FLOPs, bytes)} for one step (arrays for many), all layers included."""
+    if causal not in ("exact", "full"):
+        raise ValueError("causal must be 'exact' or 'full'")
+    f8 = np.float64
+    T = np.asarray(s.prefill_tokens, f8) + np.asarray(s.decode_seqs, f8)
+    S = np.asarray(s.sampled, f8)
+    h, L, I, V = m.hidden_size, m.num_layers, m.intermediate_size, m.vocab_size  # noqa: E741
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    wb, ab, kb = m.weight_bytes, m.act_bytes, m.kv_bytes
+    pairs = np.asarray(s.prefill_pairs_exact if causal == "exact" else s.prefill_pairs_full, f8)
+    pairs = pairs + np.asarray(s.decode_kv_tokens, f8)
+    kv_read = np.asarray(s.prefill_kv_tokens, f8) + np.asarray(s.decode_kv_tokens, f8)
+
+    def linear(k, n, rows):
+        return 2 * rows * k * n, k * n * wb + rows * (k + n) * ab
+
+    def norm(rows):
+        return 4 * rows * h, 2 * rows * h * ab + h * wb
+
+    per_layer = {
+        "input_norm": norm(T),
+        "qkv_proj": linear(h, q + 2 * kv, T),
+        "rope": (3 * T * (q + kv), 2 * T * (q + kv) * ab),
+        "attention": (
+            4 * m.num_heads * m.head_dim * pairs,
+            2 * T * q * ab + 2 * kv * kb * kv_read + 2 * T * kv * kb,
+        ),
+        "o_proj": linear(q, h, T),
+        "residual_add": (2 * T * h, 2 * 3 * T * h * ab),
+        "post_attention_norm": norm(T),
+        "gate_up_proj": linear(h, 2 * I, T),
+        "silu_and_mul": (5 * T * I, 3 * T * I * ab),
+        "down_proj": linear(I, h, T),
+    }
+    ops = {name: (L * fl, L * by) for name, (fl, by) in per_layer.items()}
+    ops = {"embedding": (0 * T, T * h * (wb + ab)), **ops}
+    ops["final_norm"] = norm(T)
+    ops["lm_head"] = linear(h, V, S)
+    return ops
+
+
+def step_costs(m: ModelShape, s: StepShape, *, causal: str = "exact") -> pd.DataFrame:
+    """One row per op (scalar step) with FLOPs, bytes and arithmetic intensity."""
+    ops = step_ops(m, s, causal=causal)
+    frame = pd.DataFrame(
+        {
+            "op": list(ops),
+            "flops": [float(np.sum(f)) for f, _ in ops.values()],
+            "bytes": [float(np.sum(b)) for _, b in ops.values()],
+        }
+    )
+    frame["intensity"] = frame["flops"] / frame["bytes"]
+    return frame
+
+
+def step_totals(m: ModelShape, s: StepShape, *, causal: str = "exact"):
+    """(FLOPs, bytes) of whole steps: arrays when `s` holds arrays."""
+    ops = step_ops(m, s, causal=causal).values()
+    return sum(f for f, _ in ops), sum(b for _, b in ops)
+
+
+MATMUL_OPS = ("qkv_proj", "attention", "o_proj", "gate_up_proj", "down_proj", "lm_head")
