@@ -114,8 +114,9 @@ def main() -> None:
                 print(f"  repeat {i} {mode:7s} {r['tokens_per_s']:8.1f} tok/s")
         none, probes = statistics.median(results["none"]), statistics.median(results["probes"])
         print(f"median throughput: none {none:.1f} tok/s, always-on probes {probes:.1f} tok/s")
+        spread = (max(results["none"]) / min(results["none"]) - 1) * 100
         print(f"probe overhead: {(1 - probes / none) * 100:+.2f} % (target <= 2 %); "
-              f"spread of 'none' runs {(max(results['none']) / min(results['none']) - 1) * 100:.1f} %")  # fmt: skip
+              f"spread of 'none' runs {spread:.1f} %")  # fmt: skip
 
         window = (10, 20)
         r = one_run(engine_options, spec, "window", Path(tmp), window_steps=window)
@@ -125,7 +126,7 @@ def main() -> None:
               f" vs {outside:.2f} ms outside ({inside / outside:.2f}x); profiler start "
               f"{w['overhead_ns']['profiler_start'] / 1e6:.0f} ms and stop "
               f"{w['overhead_ns']['profiler_stop'] / 1e6:.0f} ms between steps; "
-              f"{w['spans']} spans; whole-run throughput {r['tokens_per_s']:.1f} tok/s")  # fmt: skip
+              f"{w['spans']} spans; run throughput {r['tokens_per_s']:.1f} tok/s")  # fmt: skip
 
 
 if __name__ == "__main__":
