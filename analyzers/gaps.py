@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .intervals import Coverage, gaps, union
-from .spans import GPU_CLASSES, resource_codes
+from .spans import GPU_CLASSES, category_mask, cls_mask, pattern_mask, resource_codes
 
 GAP_CLASSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
 HOST_BUSY_FRACTION = 0.5
@@ -30,16 +30,16 @@ _SYNC_CALL = re.compile(
 
 
 def gpu_work(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["on_gpu"].to_numpy() & df["cls"].isin(GPU_CLASSES).to_numpy()]
+    return df[df["on_gpu"].to_numpy() & cls_mask(df, *GPU_CLASSES)]
 
 
 def launch_join(df: pd.DataFrame) -> pd.DataFrame:
     """Every GPU op with the runtime/driver call that launched it (same rank and
     correlation id; a CUDA-graph launch links all its kernels). Unlinked ops keep NA."""
     ops = gpu_work(df)
-    calls = df[(df["cls"] == "runtime").to_numpy() & df["correlation"].notna().to_numpy()]
+    calls = df[cls_mask(df, "runtime") & df["correlation"].notna().to_numpy()]
     # A runtime call and the driver call beneath it may share an id: prefer the runtime.
-    calls = calls.assign(_driver=(calls["category"].astype(str) == "cuda_driver").to_numpy())
+    calls = calls.assign(_driver=category_mask(calls["category"], ["cuda_driver"]))
     calls = calls.sort_values(["_driver", "start_ns"]).drop_duplicates(
         ["rank_key", "correlation"], keep="first"
     )
@@ -47,7 +47,7 @@ def launch_join(df: pd.DataFrame) -> pd.DataFrame:
         {
             "rank_key": calls["rank_key"].to_numpy(),
             "correlation": calls["correlation"].array,
-            "launch_name": calls["name"].astype(str).to_numpy(),
+            "launch_name": calls["name"].array,
             # Nullable ints: a left join fills NA, and a float column would round 1.7e18 ns.
             "launch_start_ns": pd.array(calls["start_ns"].to_numpy(np.int64), dtype="Int64"),
             "launch_dur_ns": pd.array(calls["dur_ns"].to_numpy(np.int64), dtype="Int64"),
@@ -91,21 +91,16 @@ def launch_stats(joined: pd.DataFrame) -> pd.DataFrame:
 
 
 def linked_fraction(joined: pd.DataFrame, cls: str | None = "kernel") -> float:
-    sel = joined if cls is None else joined[(joined["cls"] == cls).to_numpy()]
+    sel = joined if cls is None else joined[cls_mask(joined, cls)]
     return float(sel["linked"].mean()) if len(sel) else float("nan")
 
 
 def _sync_coverage(df: pd.DataFrame, rank: int) -> Coverage:
     mine = df["rank_key"].to_numpy() == rank
-    category = df["category"].astype(str).to_numpy()
-    names = df["name"].astype("category")
-    # Decide per distinct name, then index by code.
-    is_sync = np.array([bool(_SYNC_CALL.search(str(n))) for n in names.cat.categories] + [False])
-    is_wait = np.array([str(n) == "Stream Wait Event" for n in names.cat.categories] + [False])
-    codes = names.cat.codes.to_numpy()
-    by_name, waits = is_sync[codes], is_wait[codes]  # a stream wait is a GPU-side wait
-    sync = mine & (((df["cls"] == "runtime").to_numpy() & by_name) | (category == "cuda_sync"))
-    sync &= ~waits
+    by_name = pattern_mask(df["name"], _SYNC_CALL)
+    waits = category_mask(df["name"], ["Stream Wait Event"])  # a GPU-side wait
+    cuda_sync = category_mask(df["category"], ["cuda_sync"])
+    sync = mine & ((cls_mask(df, "runtime") & by_name) | cuda_sync) & ~waits
     u = union(df["start_ns"].to_numpy()[sync], df["end_ns"].to_numpy()[sync])
     return u.coverage()
 
@@ -133,7 +128,7 @@ def idle_gaps(df: pd.DataFrame, joined: pd.DataFrame) -> pd.DataFrame:
             "start_ns": g_start,
             "end_ns": g_end,
             "dur_ns": g_end - g_start,
-            "next_op": nxt_ops["name"].astype(str).to_numpy(),
+            "next_op": nxt_ops["name"].array,
             # .array keeps Int64 (exact ns; a float would round 1.7e18 to 256 ns)
             "launch_name": nxt_ops["launch_name"].array,
             "launch_start_ns": nxt_ops["launch_start_ns"].array,
@@ -155,7 +150,7 @@ def _classify(df: pd.DataFrame, g: pd.DataFrame) -> np.ndarray:
     late = linked & ~early
     if not late.any():
         return cause
-    cpu = df[~df["on_gpu"].to_numpy() & df["cls"].isin(["runtime", "cpu", "comm"]).to_numpy()]
+    cpu = df[~df["on_gpu"].to_numpy() & cls_mask(df, "runtime", "cpu", "comm")]
     for rank in np.unique(g["rank_key"].to_numpy()[late]):
         in_rank = late & (g["rank_key"].to_numpy() == rank)
         sync = _sync_coverage(df, int(rank)).contains(start[in_rank])

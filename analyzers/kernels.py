@@ -12,6 +12,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from .spans import category_mask, cls_mask
+
 KERNEL_CLASSES = (
     "communication", "copy", "attention", "gemm", "normalisation", "elementwise", "other",
 )  # fmt: skip
@@ -53,9 +55,8 @@ def classify(names: pd.Series, categories: pd.Series | None = None) -> np.ndarra
     lookup = np.array([kernel_class(str(n)) for n in cat.cat.categories] + ["other"], dtype=object)
     out = lookup[cat.cat.codes.to_numpy()]
     if categories is not None:
-        by_cat = categories.astype(str).map(_BY_CATEGORY).to_numpy()
-        has = pd.notna(by_cat)
-        out[has] = by_cat[has]
+        for category, cls in _BY_CATEGORY.items():
+            out[category_mask(categories.astype("category"), [category])] = cls
     return out
 
 
@@ -70,7 +71,7 @@ def _stats(frame: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
 
 def kernel_breakdown(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per kernel class, per kernel name) over the GPU work (kernels, copies, sets, comm)."""
-    gpu = df[df["on_gpu"].to_numpy() & df["cls"].isin(["kernel", "memcpy", "memset", "comm"])]
+    gpu = df[df["on_gpu"].to_numpy() & cls_mask(df, "kernel", "memcpy", "memset", "comm")]
     frame = pd.DataFrame(
         {
             "name": gpu["name"].astype("category").to_numpy(),
@@ -86,7 +87,7 @@ def kernel_breakdown(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def op_breakdown(df: pd.DataFrame) -> pd.DataFrame:
     """Per CPU-op name: count, total (inclusive), mean, p99, max."""
-    ops = df[(df["category"].astype(str) == "cpu_op").to_numpy()]
+    ops = df[category_mask(df["category"], ["cpu_op"])]
     if not len(ops):
         return pd.DataFrame()
     frame = pd.DataFrame(

@@ -2,13 +2,16 @@
 
 `timeline_spans(run)` reads only the columns the timeline needs (never `args`, which is
 most of a trace's bytes) and adds:
-- `cls`: the breakdown class of the span (kernel, memcpy, memset, comm, runtime, cpu)
-  or "" when it occupies no resource (annotations, syncs, probes);
+- `cls`: the breakdown class of the span as an int8 code into CLASSES (kernel, memcpy,
+  memset, comm, runtime, cpu), or NONE when it occupies no resource (annotations,
+  syncs, probes); `cls_mask(df, "kernel", …)` selects by name;
 - `on_gpu`: the span sits on a GPU queue (device/stream) rather than a CPU thread;
 - `rank_key`: the rank with -1 for none, `end_ns`.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pandas as pd
@@ -34,6 +37,8 @@ _CLASS_OF_CATEGORY = {
     "phase": "cpu",
 }
 GPU_CLASSES = ("kernel", "memcpy", "memset", "comm")
+CLASS_CODE = {c: i for i, c in enumerate(CLASSES)}
+NONE = len(CLASSES)  # the code of spans that occupy no resource
 
 
 def timeline_spans(run: Run) -> pd.DataFrame:
@@ -42,23 +47,44 @@ def timeline_spans(run: Run) -> pd.DataFrame:
 
 
 def prepare(spans: pd.DataFrame) -> pd.DataFrame:
-    """Add `cls`, `on_gpu`, `rank_key`, `end_ns` to a spans frame (a copy, columns only)."""
+    """Add `cls` (int8 code into CLASSES, NONE for spans that occupy nothing), `on_gpu`,
+    `rank_key` and `end_ns` to a spans frame (a copy of the needed columns)."""
     df = spans.loc[:, [c for c in COLUMNS if c in spans.columns]].copy()
-    category = df["category"].astype("category")
-    # Map the distinct categories (a handful), then index by code: no per-row Python.
-    lookup = np.array(
-        [_CLASS_OF_CATEGORY.get(str(c), "") for c in category.cat.categories] + [""], dtype=object
-    )
-    cls = lookup[category.cat.codes.to_numpy()]  # code -1 (null) picks the trailing ""
-    df["on_gpu"] = df["device"].notna().to_numpy() & df["pid"].isna().to_numpy()
+    for col in ("name", "category"):
+        if not isinstance(df[col].dtype, pd.CategoricalDtype):
+            df[col] = df[col].astype("category")
+    # Decide per distinct category (a handful), then index by code: no per-row Python.
+    cats = df["category"].cat.categories
+    lookup = np.array([CLASS_CODE.get(_CLASS_OF_CATEGORY.get(str(c)), NONE) for c in cats] + [NONE])
+    cls = lookup[df["category"].cat.codes.to_numpy()].astype(np.int8)  # code -1 → NONE
+    on_gpu = df["device"].notna().to_numpy() & df["pid"].isna().to_numpy()
     # A comm span on a CPU thread (gloo, record_param_comms) is comm as well; a kernel-like
     # category without a GPU queue (malformed) occupies nothing.
-    gpu_only = np.isin(cls, ["kernel", "memcpy", "memset"])
-    cls[gpu_only & ~df["on_gpu"].to_numpy()] = ""
-    df["cls"] = pd.Categorical(cls, categories=[*CLASSES, ""])
+    cls[(cls <= CLASS_CODE["memset"]) & ~on_gpu] = NONE
+    df["cls"] = cls
+    df["on_gpu"] = on_gpu
     df["rank_key"] = df["rank"].fillna(-1).astype("int64").to_numpy()
     df["end_ns"] = df["start_ns"].to_numpy(np.int64) + df["dur_ns"].to_numpy(np.int64)
     return df
+
+
+def cls_mask(df: pd.DataFrame, *names: str) -> np.ndarray:
+    """Rows whose breakdown class is one of `names`."""
+    return np.isin(df["cls"].to_numpy(), [CLASS_CODE[n] for n in names])
+
+
+def category_mask(series: pd.Series, values) -> np.ndarray:
+    """Rows of a categorical column equal to one of `values` (decided per category)."""
+    cat = series.cat
+    hit = np.isin(np.asarray(cat.categories, dtype=object), list(values))
+    return np.r_[hit, False][cat.codes.to_numpy()]
+
+
+def pattern_mask(series: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Rows of a categorical column whose text matches `pattern` (searched per category)."""
+    cat = series.cat
+    hit = np.array([bool(pattern.search(str(c))) for c in cat.categories] + [False])
+    return hit[cat.codes.to_numpy()]
 
 
 def resource_codes(df: pd.DataFrame, keys: list[str]) -> np.ndarray:

@@ -11,7 +11,15 @@ import numpy as np
 import pandas as pd
 
 from .intervals import Union, overlap_ns, union
-from .spans import CLASSES, GPU_CLASSES, resource_codes
+from .spans import (
+    CLASS_CODE,
+    CLASSES,
+    GPU_CLASSES,
+    category_mask,
+    cls_mask,
+    pattern_mask,
+    resource_codes,
+)
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 WINDOW_COLUMNS = ["rank_key", "step", "name", "start_ns", "end_ns", "source"]
@@ -42,9 +50,8 @@ def windows(df: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame
 
 
 def _rank_windows(rank: int, sub: pd.DataFrame) -> pd.DataFrame:
-    names = sub["name"].astype(str)
-    is_step = (sub["category"].astype(str) == "annotation").to_numpy() & ~sub["on_gpu"].to_numpy()
-    is_step &= names.str.match(_PROFILER_STEP.pattern).to_numpy()
+    is_step = category_mask(sub["category"], ["annotation"]) & ~sub["on_gpu"].to_numpy()
+    is_step &= pattern_mask(sub["name"], _PROFILER_STEP)
     marks = sub[is_step].sort_values("start_ns").drop_duplicates("start_ns")
     if len(marks) == 0:
         return pd.DataFrame(
@@ -57,14 +64,15 @@ def _rank_windows(rank: int, sub: pd.DataFrame) -> pd.DataFrame:
                 "source": ["trace"],
             }
         )
+    names = [str(n) for n in marks["name"]]  # one per step: few
     start = marks["start_ns"].to_numpy(np.int64)
     end = np.r_[start[1:], marks["end_ns"].to_numpy(np.int64)[-1]]
     end[-1] = max(end[-1], _launched_work_end(sub, start[-1], end[-1]))
     return pd.DataFrame(
         {
             "rank_key": rank,
-            "step": marks["name"].astype(str).str.extract(_PROFILER_STEP)[0].astype("Int64"),
-            "name": marks["name"].astype(str).to_numpy(),
+            "step": pd.array([int(n.split("#")[1]) for n in names], dtype="Int64"),
+            "name": names,
             "start_ns": start,
             "end_ns": end,
             "source": "ProfilerStep",
@@ -74,12 +82,11 @@ def _rank_windows(rank: int, sub: pd.DataFrame) -> pd.DataFrame:
 
 def _launched_work_end(sub: pd.DataFrame, lo: int, hi: int) -> int:
     """End of the GPU work whose launch call lies in [lo, hi]."""
-    cls = sub["cls"].to_numpy()
-    launch = (cls == "runtime") & sub["correlation"].notna().to_numpy()
+    launch = cls_mask(sub, "runtime") & sub["correlation"].notna().to_numpy()
     starts = sub["start_ns"].to_numpy(np.int64)
     launch &= (starts >= lo) & (starts <= hi)
     ids = sub.loc[launch, "correlation"].to_numpy()
-    gpu = sub["on_gpu"].to_numpy() & np.isin(cls, GPU_CLASSES)
+    gpu = sub["on_gpu"].to_numpy() & cls_mask(sub, *GPU_CLASSES)
     work = sub.loc[gpu & sub["correlation"].isin(ids).to_numpy(), "end_ns"]
     return int(work.max()) if len(work) else hi
 
@@ -87,7 +94,7 @@ def _launched_work_end(sub: pd.DataFrame, lo: int, hi: int) -> int:
 def _class_unions(sub: pd.DataFrame) -> dict[str, Union]:
     cls = sub["cls"].to_numpy()
     s, e = sub["start_ns"].to_numpy(np.int64), sub["end_ns"].to_numpy(np.int64)
-    return {c: union(s[cls == c], e[cls == c]) for c in CLASSES}
+    return {c: union(s[cls == CLASS_CODE[c]], e[cls == CLASS_CODE[c]]) for c in CLASSES}
 
 
 def breakdown(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
@@ -118,16 +125,15 @@ def resources(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
     start to last window end): each CPU thread and GPU stream, and per GPU the device as a
     whole and its compute, copy and comm engines."""
     span = wins.groupby("rank_key").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
-    cls = df["cls"].to_numpy()
     on_gpu = df["on_gpu"].to_numpy()
-    gpu_work = on_gpu & np.isin(cls, GPU_CLASSES)
+    gpu_work = on_gpu & cls_mask(df, *GPU_CLASSES)
     selections = [
-        ("cpu_thread", ~on_gpu & np.isin(cls, ["runtime", "cpu", "comm"]), ["pid", "tid"]),
+        ("cpu_thread", ~on_gpu & cls_mask(df, "runtime", "cpu", "comm"), ["pid", "tid"]),
         ("gpu_stream", gpu_work, ["device", "stream"]),
         ("gpu", gpu_work, ["device"]),
-        ("gpu_compute", on_gpu & (cls == "kernel"), ["device"]),
-        ("gpu_copy", on_gpu & np.isin(cls, ["memcpy", "memset"]), ["device"]),
-        ("gpu_comm", on_gpu & (cls == "comm"), ["device"]),
+        ("gpu_compute", on_gpu & cls_mask(df, "kernel"), ["device"]),
+        ("gpu_copy", on_gpu & cls_mask(df, "memcpy", "memset"), ["device"]),
+        ("gpu_comm", on_gpu & cls_mask(df, "comm"), ["device"]),
     ]
     out = []
     for kind, mask, keys in selections:
@@ -174,16 +180,18 @@ def overlap(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
     """Per window: GPU compute, copy and comm time, their overlaps with compute and the
     exposed (not overlapped by compute) copy and comm time."""
     out = []
-    cls, on_gpu = df["cls"].to_numpy(), df["on_gpu"].to_numpy()
+    on_gpu = df["on_gpu"].to_numpy()
+    kernel, comm_m = cls_mask(df, "kernel"), cls_mask(df, "comm")
+    copy_m = cls_mask(df, "memcpy", "memset")
     s, e = df["start_ns"].to_numpy(np.int64), df["end_ns"].to_numpy(np.int64)
     ranks = df["rank_key"].to_numpy()
     for rank, w in wins.groupby("rank_key", sort=True):
         lo, hi = w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)
         mine = on_gpu & (ranks == rank)
-        compute = union(s[mine & (cls == "kernel")], e[mine & (cls == "kernel")])
-        copy_mask = mine & np.isin(cls, ["memcpy", "memset"])
+        compute = union(s[mine & kernel], e[mine & kernel])
+        copy_mask = mine & copy_m
         copy = union(s[copy_mask], e[copy_mask])
-        comm = union(s[mine & (cls == "comm")], e[mine & (cls == "comm")])
+        comm = union(s[mine & comm_m], e[mine & comm_m])
         row = w[["rank_key", "step", "name"]].copy()
         row["compute_ns"] = compute.coverage().between(lo, hi)
         row["copy_ns"] = copy.coverage().between(lo, hi)

@@ -128,7 +128,7 @@ def test_v100_ns_timestamps_match_the_decimal_text(tmp_path):
     # The first event's ts/dur, read from the text independently of the importer.
     stream = ChromeTraceStream(trace)
     ev = next(stream.events())
-    text = stream.buffer[stream.value_start : stream.value_end]
+    text = stream.buf[stream.value_start : stream.value_end]
     ts = Decimal(text.split('"ts":')[1].split(",")[0].strip())
     assert int(ts * 1000) in set(spans["start_ns"])
     assert (spans["start_ns"] % 1000 != 0).mean() > 0.5  # ns digits kept

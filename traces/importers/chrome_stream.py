@@ -41,12 +41,15 @@ class ChromeTraceStream:
         self.events_seen = 0
         self._decoder = json.JSONDecoder(parse_float=str)
         self._scan = self._decoder.scan_once
-        self._buf = ""
+        # The text buffer: the event just yielded is `buf[value_start:value_end]` (valid
+        # until the next event is requested). Read-only for callers.
+        self.buf = ""
         self._pos = 0
         self._consumed = 0  # characters dropped from the front of the buffer so far
         self._eof = False
         self._file = None
         self.value_start = self.value_end = 0
+        self._on_start = None
 
     # -- reading ---------------------------------------------------------------------------
     def _open(self):
@@ -76,7 +79,7 @@ class ChromeTraceStream:
             self._eof = True
             return False
         self._consumed += self._pos
-        self._buf = self._buf[self._pos :] + text
+        self.buf = self.buf[self._pos :] + text
         self._pos = 0
         return True
 
@@ -95,37 +98,37 @@ class ChromeTraceStream:
     def _skip_ws(self) -> str:
         """Skip whitespace and return the next character ('' at end of input)."""
         while True:
-            self._pos = _WS.match(self._buf, self._pos).end()
-            if self._pos < len(self._buf):
-                return self._buf[self._pos]
+            self._pos = _WS.match(self.buf, self._pos).end()
+            if self._pos < len(self.buf):
+                return self.buf[self._pos]
             if not self._fill():
                 return ""
 
     def _value(self, what: str):
         """Decode one JSON value at the cursor, reading more text while it is incomplete;
-        afterwards it spans `self._buf[self.value_start:self._pos]`."""
+        afterwards it spans `self.buf[self.value_start:self._pos]`."""
         if self._skip_ws() == "":
             raise self._truncated(f"where {what} was expected")
         while True:
             self.value_start = self._pos  # a refill moves the text to the buffer's front
             try:
-                value, end = self._scan(self._buf, self._pos)
+                value, end = self._scan(self.buf, self._pos)
             except StopIteration as e:
                 err_pos, msg = e.value, "expecting a value"
             except json.JSONDecodeError as e:
                 err_pos, msg = e.pos, e.msg
             else:
                 # A value touching the end of the buffer (a number) may go on in the next chunk.
-                if end < len(self._buf) or not self._fill():
+                if end < len(self.buf) or not self._fill():
                     self._pos = end
                     return value
                 continue
             # An error near the end of the buffer only means the value is not all read yet.
-            incomplete = len(self._buf) - err_pos < 16 or msg.startswith("Unterminated")
+            incomplete = len(self.buf) - err_pos < 16 or msg.startswith("Unterminated")
             if incomplete and self._fill():
                 continue
             # At the end of the file: cut short only if nothing but the end follows.
-            if msg.startswith("Unterminated") or err_pos >= len(self._buf.rstrip()):
+            if msg.startswith("Unterminated") or err_pos >= len(self.buf.rstrip()):
                 raise self._truncated(f"inside {what}")
             raise self._malformed(f"{msg} in {what}", err_pos)
 
@@ -139,14 +142,10 @@ class ChromeTraceStream:
         return c
 
     # -- the document ----------------------------------------------------------------------
-    @property
-    def buffer(self) -> str:
-        """The text buffer: the event just yielded is `buffer[value_start:value_end]`
-        (valid until the next event is requested)."""
-        return self._buf
-
-    def events(self) -> Iterator[dict]:
-        """Yield every trace event; fill `header` with the other top-level keys."""
+    def events(self, on_start=None) -> Iterator[dict]:
+        """Yield every trace event; fill `header` with the other top-level keys.
+        `on_start()` is called when the events begin (the header before them is read)."""
+        self._on_start = on_start
         with self._open() as self._file:
             c = self._skip_ws()
             if c == "":
@@ -179,6 +178,8 @@ class ChromeTraceStream:
                 raise TraceFormatError(f"{self.path}: no traceEvents array (not a Chrome trace)")
 
     def _array(self) -> Iterator[dict]:
+        if self._on_start is not None:
+            self._on_start()
         # The hot loop: one scan and one separator match per event; everything else is
         # the slow path taken near the end of the buffer or on bad input.
         scan, sep_match = self._scan, _NEXT.match
@@ -186,14 +187,14 @@ class ChromeTraceStream:
             self._pos += 1
             return
         while True:
-            buf, pos = self._buf, self._pos
+            buf, pos = self.buf, self._pos
             try:
                 event, end = scan(buf, pos)
             except (StopIteration, ValueError):
                 end = -1
             if end == -1 or end >= len(buf):
                 event = self._value("an event")
-                buf = self._buf
+                buf = self.buf
             else:
                 self.value_start = pos
                 self._pos = end

@@ -55,7 +55,7 @@ _DTYPE_BYTES = {
     "float64": 8, "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "char": 1,
     "byte": 1, "bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }  # fmt: skip
-FLOW_WINDOW = 1 << 18  # flow endpoints kept while no span waits for one (bounds memory)
+FLOW_WINDOW = 1 << 18
 
 
 def to_ns(value) -> int:
@@ -136,27 +136,25 @@ class KinetoFileReader:
     def _skip(self, what: str) -> None:
         self.skipped[what] = self.skipped.get(what, 0) + 1
 
-    def _args_text(self, args: dict) -> str | None:
-        """The args object's own text (Kineto writes `args` last), else re-encoded."""
+    def _args_fallback(self, args: dict) -> str:
+        """Rare: args not written last. Decode the event again, with real floats."""
         stream = self.stream
-        buf, a, b = stream.buffer, stream.value_start, stream.value_end
-        k = buf.find('"args"', a, b)
-        if k != -1:
-            colon = buf.find(":", k + 6, b)
-            close = buf.rfind("}", a, b)
-            text = buf[colon + 1 : close].strip()
-            if text[:1] == "{" and text[-1:] == "}":
-                return text
-        # Rare: args not written last. Decode the event again with real floats.
-        return _dumps(json.loads(buf[a:b]).get("args", args))
+        event = json.loads(stream.buf[stream.value_start : stream.value_end])
+        return _dumps(event.get("args", args))
+
+    def _start(self) -> None:
+        """Called as the events begin: the header before them names the rank."""
+        self.rank = self.rank_of(self.stream.header)
 
     def read(self) -> None:
-        events = self.stream.events()
+        events = self.stream.events(on_start=self._start)
         first = next(events, None)
-        self.rank = rank = self.rank_of(self.stream.header)
+        if self.rank is None:
+            self._start()
+        rank = self.rank
         offset, add_span, other = self.offset, self.add_span, self._other
         categories, by_cat, pending = CATEGORIES, self.spans_by_category, self._pending
-        args_text, flows = self._args_text, self._flows
+        stream, flows, fallback = self.stream, self._flows, self._args_fallback
         # The hot loop (one pass per event): plain ints take the fast path, anything
         # else goes through to_ns/_int.
         for ev in itertools.chain(() if first is None else (first,), events):
@@ -180,8 +178,21 @@ class KinetoFileReader:
             ts = ev.get("ts")
             dur = ev.get("dur", 0)
             try:
-                start = (ts * 1000 if ts.__class__ is int else to_ns(ts)) + offset
-                dur = dur * 1000 if dur.__class__ is int else to_ns(dur)
+                # Kineto's "123.456" µs: its digits are the ns. Else ints, else exact decimals.
+                if ts.__class__ is str and ts[-4:-3] == ".":
+                    start = int(ts.replace(".", "")) + offset
+                else:
+                    start = (ts * 1000 if ts.__class__ is int else to_ns(ts)) + offset
+                if dur.__class__ is str and dur[-4:-3] == ".":
+                    dur = int(dur.replace(".", ""))
+                else:
+                    dur = dur * 1000 if dur.__class__ is int else to_ns(dur)
+            except ValueError:  # "12.5e3" passed the quick test: take the exact path
+                try:
+                    start, dur = to_ns(ts) + offset, to_ns(dur)
+                except (TypeError, ArithmeticError):
+                    self._skip("X event without a numeric ts/dur")
+                    continue
             except (TypeError, ArithmeticError):
                 self._skip("X event without a numeric ts/dur")
                 continue
@@ -209,9 +220,9 @@ class KinetoFileReader:
                 device = args.get("device", ev.get("pid"))
                 if device.__class__ is not int:
                     device = _int(device)
-                stream = args.get("stream", ev.get("tid"))
-                if stream.__class__ is not int:
-                    stream = _int(stream)
+                queue = args.get("stream", ev.get("tid"))
+                if queue.__class__ is not int:
+                    queue = _int(queue)
                 if category == "kernel":
                     if _COMM_KERNEL.match(name):
                         category = "comm"
@@ -224,16 +235,26 @@ class KinetoFileReader:
                     pid = _int(pid)
                 if tid.__class__ is not int:
                     tid = _int(tid)
-                device = stream = None
+                device = queue = None
                 if category == "cpu_op" or category == "annotation":
                     if _COMM_ANNOTATION.match(name):
                         category = "comm"
                         nbytes = comm_bytes(args)
                     elif "flops" in args:
                         flops = _int(args["flops"])
+            text = None
+            if args:
+                # The args object's own text: Kineto writes it last, so it runs from the
+                # "args" key to the event's closing brace. No re-encoding.
+                buf, a, b = stream.buf, stream.value_start, stream.value_end
+                k = buf.find('"args"', a, b)
+                if k != -1 and buf[b - 1] == "}":
+                    text = buf[buf.find(":", k + 6, b) + 1 : b - 1].strip()
+                if text is None or text[:1] != "{" or text[-1:] != "}":
+                    text = fallback(args)
             row = (
-                name, category, start, dur, pid, tid, device, stream, rank, None, corr,
-                flops, nbytes, args_text(args) if args else None,
+                name, category, start, dur, pid, tid, device, queue, rank, None, corr,
+                flops, nbytes, text,
             )  # fmt: skip
             by_cat[category] = by_cat.get(category, 0) + 1
             if corr is None and (category in CORRELATED or (category == "comm" and kind == GPU)):
@@ -295,8 +316,22 @@ class KinetoFileReader:
                 self.add_counter((label, ts, value, scope))
 
     def _resolve_pending(self) -> None:
-        for row, key in self._pending:
-            corr = _int(self._flows.get(key))
+        if not self._pending:
+            self._flows.clear()
+            return
+        # Flows were kept by their raw (pid, tid, ts); match on exact ns.
+        flows = {}
+        for (pid, tid, ts), flow_id in self._flows.items():
+            try:
+                flows[(_int(pid), _int(tid), to_ns(ts))] = flow_id
+            except (TypeError, ArithmeticError):
+                continue
+        for row, (pid, tid, ts) in self._pending:
+            try:
+                key = (_int(pid), _int(tid), to_ns(ts))
+            except (TypeError, ArithmeticError):
+                key = None
+            corr = _int(flows.get(key))
             if corr is not None:
                 self.flows_linked += 1
                 row = (*row[:10], corr, *row[11:])
