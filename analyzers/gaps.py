@@ -107,7 +107,8 @@ def _sync_coverage(df: pd.DataFrame, rank: int) -> Coverage:
 
 def idle_gaps(df: pd.DataFrame, joined: pd.DataFrame) -> pd.DataFrame:
     """Every gap between GPU work on each device (all streams together), classified."""
-    columns = ["rank_key", "device", "start_ns", "end_ns", "dur_ns", "next_op", "cause"]
+    columns = ["rank_key", "device", "start_ns", "end_ns", "dur_ns", "next_op", "launch_name",
+               "launch_start_ns", "launch_pid", "launch_tid", "cause"]  # fmt: skip
     if not len(joined):
         return pd.DataFrame(columns=columns)
     codes = resource_codes(joined, ["rank_key", "device"])
@@ -179,7 +180,8 @@ def _classify(df: pd.DataFrame, g: pd.DataFrame) -> np.ndarray:
 def gap_summary(g: pd.DataFrame) -> pd.DataFrame:
     """Count, total and percentiles of the idle gaps per cause (and rank)."""
     if not len(g):
-        return pd.DataFrame(columns=["rank_key", "cause", "gaps", "total_ns"])
+        columns = ["rank_key", "cause", "gaps", "total_ns", "mean_ns", "max_ns", "p50_ns", "p99_ns"]
+        return pd.DataFrame(columns=columns)
     grouped = g.groupby(["rank_key", "cause"], sort=True)["dur_ns"]
     out = grouped.agg(gaps="size", total_ns="sum", mean_ns="mean", max_ns="max").reset_index()
     out["p50_ns"] = grouped.quantile(0.5).to_numpy()

@@ -206,3 +206,30 @@ def test_cli_import_prints_a_summary_and_errors_in_one_line(tmp_path, cli):
     exists = cli("import", EXCERPT, "--out", tmp_path / "run")
     assert exists.returncode == 1 and "already exists" in exists.stderr
     shutil.rmtree(tmp_path / "run")
+
+
+def test_odd_events_are_counted_not_fatal(tmp_path):
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "no_ts", "pid": 1, "tid": 1, "dur": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "open", "pid": 1, "tid": 1, "ts": 5, "dur": -1},
+        {"ph": "X", "cat": "overhead", "name": "CUPTI Overhead", "pid": 1, "tid": 1, "ts": 7,
+         "dur": 2.5},
+        {"ph": "C", "name": "queue", "pid": 1, "ts": 8, "args": {"depth": 3, "label": "x"}},
+        {"ph": "B", "name": "begin", "pid": 1, "tid": 1, "ts": 9},
+        {"ph": "X", "cat": "cpu_op", "name": "args later", "pid": 1, "tid": 1, "ts": 10,
+         "args": {"a": 1.5}, "dur": 1},
+    ]  # fmt: skip
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    summary = import_kineto([path], tmp_path / "run")
+    skipped = summary.files[0].skipped
+    assert skipped["X event without a numeric ts/dur"] == 1
+    assert skipped["negative duration (set to 0)"] == 1 and skipped["ph=B event"] == 1
+    run = perfdiag.load_run(tmp_path / "run")
+    spans = run.spans.set_index("name")
+    assert spans.loc["open", "dur_ns"] == 0
+    assert spans.loc["CUPTI Overhead", "category"] == "overhead"
+    assert spans.loc["CUPTI Overhead", "dur_ns"] == 2500
+    assert json.loads(spans.loc["args later", "args"]) == {"a": 1.5}  # re-encoded, a float
+    assert run.counters[["name", "value"]].values.tolist() == [["queue.depth", 3.0]]
+    assert spans["rank"].isna().all()  # one file, no distributedInfo: no rank
