@@ -6,7 +6,9 @@ gathered through the block table. `BACKENDS` is the seam where a Triton backend 
 later. Shapes: q [T, H, D], k/v [T, Hkv, D], caches [num_blocks, block_size, Hkv, D].
 
 The runner orders a batch so that single-token queries (decodes) come first: they run as
-one padded, masked batch; longer queries (prefill chunks) run one sequence at a time.
+one batch over contexts padded to the longest (masked; no mask when all are equal); longer
+queries (prefill chunks) run one sequence at a time with a causal mask offset by their
+cached context. Both PyTorch backends share that paging and differ in the softmax kernel.
 """
 
 from __future__ import annotations
@@ -31,9 +33,36 @@ class PrefillSlice:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long: cache slot of each new token
     num_decode: int  # the first num_decode tokens are single-token queries, one per sequence
-    decode_block_tables: torch.Tensor | None  # [Bd, max_blocks] long (padded with block 0)
-    decode_mask: torch.Tensor | None  # [Bd, max_blocks * block_size] bool: position < context
+    decode_block_tables: torch.Tensor | None  # [Bd, max_blocks] long (padded: own last block)
+    # [Bd, max_blocks * block_size] bool, position < context; None when every decode has the
+    # same context length (the gathered context is then cut to it and needs no mask)
+    decode_mask: torch.Tensor | None
+    decode_context_len: int  # the longest decode context
     prefills: list[PrefillSlice]
+
+
+# attend(q [B, H, Q, D], k [B, Hkv, S, D], v, mask [B|1, 1, Q, S] bool | None, causal, scale)
+Kernel = Callable[..., torch.Tensor]
+
+
+def _sdpa(q, k, v, mask, causal: bool, scale: float) -> torch.Tensor:
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+    )
+
+
+def _softmax(q, k, v, mask, causal: bool, scale: float) -> torch.Tensor:
+    """Plain softmax attention, computed in fp32."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).float()
+    v = v.repeat_interleave(group, dim=1).float()
+    scores = (q.float() @ k.transpose(-1, -2)) * scale
+    if causal:
+        n = q.shape[-2]
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v).to(q.dtype)
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
@@ -43,89 +72,50 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
-    """Context [length, Hkv, D] of one sequence, read through its block table."""
-    return cache.index_select(0, block_ids).flatten(0, 1)[:length]
+    """Context [Hkv, length, D] of one sequence, read through its block table."""
+    return cache.index_select(0, block_ids).flatten(0, 1)[:length].transpose(0, 1)
 
 
-def _gather_batch(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[B, max_blocks * block_size, Hkv, D]; padded positions are masked by the caller."""
-    b, n = block_tables.shape
-    return cache.index_select(0, block_tables.view(-1)).view(
-        b, n * cache.shape[1], *cache.shape[2:]
-    )
+def _gather_decodes(cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """Contexts [Bd, Hkv, S, D] of the decodes."""
+    b, n = meta.decode_block_tables.shape
+    g = cache.index_select(0, meta.decode_block_tables.view(-1))
+    g = g.view(b, n * cache.shape[1], *cache.shape[2:])
+    if meta.decode_mask is None:
+        g = g[:, : meta.decode_context_len]
+    return g.transpose(1, 2)
+
+
+def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale, attend: Kernel):
+    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    nd = meta.num_decode
+    if nd:
+        mask = None if meta.decode_mask is None else meta.decode_mask[:, None, None, :]
+        kk, vv = _gather_decodes(k_cache, meta), _gather_decodes(v_cache, meta)
+        o = attend(q[:nd, :, None, :], kk, vv, mask, False, scale)[:, :, 0, :]
+        if not meta.prefills:  # a decode-only step: no scatter into a fresh output
+            return o
+    out = torch.empty_like(q)
+    if nd:
+        out[:nd] = o
+    for p in meta.prefills:
+        qs = q[p.start : p.end].transpose(0, 1)[None]
+        if p.mask is None:  # no cached context: this chunk's own K/V is the whole context
+            kk, vv = k[p.start : p.end].transpose(0, 1), v[p.start : p.end].transpose(0, 1)
+        else:
+            kk = _gather(k_cache, p.block_ids, p.context_len)
+            vv = _gather(v_cache, p.block_ids, p.context_len)
+        o = attend(qs, kk[None], vv[None], p.mask, p.mask is None, scale)
+        out[p.start : p.end] = o[0].transpose(0, 1)
+    return out
 
 
 def sdpa_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
-    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    out = torch.empty_like(q)
-    nd = meta.num_decode
-    if nd:
-        kk = _gather_batch(k_cache, meta.decode_block_tables).transpose(1, 2)
-        vv = _gather_batch(v_cache, meta.decode_block_tables).transpose(1, 2)
-        mask = meta.decode_mask[:, None, None, :]
-        o = F.scaled_dot_product_attention(
-            q[:nd, :, None, :], kk, vv, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-        if not meta.prefills:  # decode-only step: no scatter into `out`
-            return o[:, :, 0, :]
-        out[:nd] = o[:, :, 0, :]
-    for p in meta.prefills:
-        qs = q[p.start : p.end].transpose(0, 1)
-        if p.mask is None:  # no cached context: this chunk's own K/V is the whole context
-            kk, vv = k[p.start : p.end], v[p.start : p.end]
-        else:
-            kk = _gather(k_cache, p.block_ids, p.context_len)
-            vv = _gather(v_cache, p.block_ids, p.context_len)
-        o = F.scaled_dot_product_attention(
-            qs,
-            kk.transpose(0, 1),
-            vv.transpose(0, 1),
-            attn_mask=p.mask,
-            is_causal=p.mask is None,
-            scale=scale,
-            enable_gqa=True,
-        )
-        out[p.start : p.end] = o.transpose(0, 1)
-    return out
-
-
-def _naive(q, kk, vv, mask, scale):
-    """Plain softmax attention in fp32. q [B, H, Q, D], kk/vv [B, Hkv, S, D], mask [.., Q, S]."""
-    group = q.shape[1] // kk.shape[1]
-    kk = kk.repeat_interleave(group, dim=1).float()
-    vv = vv.repeat_interleave(group, dim=1).float()
-    scores = (q.float() @ kk.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(-1) @ vv).to(q.dtype)
+    return paged_attention(q, k, v, k_cache, v_cache, meta, scale, _sdpa)
 
 
 def naive_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
-    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    out = torch.empty_like(q)
-    nd = meta.num_decode
-    if nd:
-        kk = _gather_batch(k_cache, meta.decode_block_tables).transpose(1, 2)
-        vv = _gather_batch(v_cache, meta.decode_block_tables).transpose(1, 2)
-        o = _naive(q[:nd, :, None, :], kk, vv, meta.decode_mask[:, None, None, :], scale)
-        out[:nd] = o[:, :, 0, :]
-    for p in meta.prefills:
-        n = p.end - p.start
-        if p.mask is None:
-            kk, vv = k[p.start : p.end], v[p.start : p.end]
-            mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        else:
-            kk = _gather(k_cache, p.block_ids, p.context_len)
-            vv = _gather(v_cache, p.block_ids, p.context_len)
-            mask = p.mask
-        o = _naive(
-            q[p.start : p.end].transpose(0, 1)[None],
-            kk.transpose(0, 1)[None],
-            vv.transpose(0, 1)[None],
-            mask,
-            scale,
-        )
-        out[p.start : p.end] = o[0].transpose(0, 1)
-    return out
+    return paged_attention(q, k, v, k_cache, v_cache, meta, scale, _softmax)
 
 
 AttentionBackend = Callable[..., torch.Tensor]

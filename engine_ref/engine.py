@@ -281,16 +281,18 @@ class LLMEngine:
                 obs.on_phase(PhaseEvent(step_id, StepPhase.SCHEDULE, t0, t1))
                 self._schedule_events(sched, step_id, t1)
                 counts = self._kv_and_queue_counts()
-            inp = self.runner.prepare(sched.scheduled)
-            if obs is not None:
-                t2 = time.monotonic_ns()
-                obs.on_phase(PhaseEvent(step_id, StepPhase.PREPARE, t1, t2))
-            logits = self.runner.forward(inp)
-            if obs is not None:
-                t3 = time.monotonic_ns()
-                obs.on_phase(PhaseEvent(step_id, StepPhase.FORWARD, t2, t3))
-            tokens, logprobs = self.runner.sample(logits, inp)
-            self.runner.release()
+            try:
+                inp = self.runner.prepare(sched.scheduled)
+                if obs is not None:
+                    t2 = time.monotonic_ns()
+                    obs.on_phase(PhaseEvent(step_id, StepPhase.PREPARE, t1, t2))
+                logits = self.runner.forward(inp)
+                if obs is not None:
+                    t3 = time.monotonic_ns()
+                    obs.on_phase(PhaseEvent(step_id, StepPhase.FORWARD, t2, t3))
+                tokens, logprobs = self.runner.sample(logits, inp)
+            finally:
+                self.runner.release()  # sampling copied the tokens to the host: step done
             if obs is not None:
                 t4 = time.monotonic_ns()
                 obs.on_phase(PhaseEvent(step_id, StepPhase.SAMPLE, t3, t4))

@@ -94,14 +94,14 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata):
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = F.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
         # RoPE on q and k together: they are adjacent heads of the fused projection.
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         qk = apply_rope(qk, cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         o = self.backend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(o.reshape(t, self.q_size))
+        return F.linear(o.reshape(t, self.q_size), self.o_proj.weight, self.o_proj.bias)
 
 
 class MLP(nn.Module):
@@ -111,8 +111,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = F.linear(x, self.gate_up_proj.weight).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -124,8 +124,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # The hot path calls submodules' forward directly: nn.Module.__call__ costs ~10 µs a
+        # call on a small CPU, 70 calls a step, and no hooks are used here.
+        h = self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, kv_cache, meta)
+        x = x + h
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
 class LlamaModel(nn.Module):
@@ -152,8 +155,8 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv, meta)
-        return self.norm(x)
+            x = layer.forward(x, cos, sin, kv, meta)
+        return self.norm.forward(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head_weight).float()

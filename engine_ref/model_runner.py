@@ -91,13 +91,15 @@ class ModelRunner:
             # Pad with the request's own last block: the masked padding reads nothing foreign.
             padded = [t + [t[-1]] * (width - len(t)) for t in decode_tables]
             tables = torch.tensor(padded, dtype=torch.long, device=dev)
-            ctx = torch.tensor(decode_ctx, device=dev)
-            ctx_mask = torch.arange(width * bs, device=dev)[None, :] < ctx[:, None]
+            if min(decode_ctx) != max(decode_ctx):
+                ctx = torch.tensor(decode_ctx, device=dev)
+                ctx_mask = torch.arange(width * bs, device=dev)[None, :] < ctx[:, None]
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             num_decode=len(decode_tables),
             decode_block_tables=tables,
             decode_mask=ctx_mask,
+            decode_context_len=max(decode_ctx, default=0),
             prefills=prefills,
         )
         return ModelInput(
