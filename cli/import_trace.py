@@ -22,14 +22,23 @@ def import_trace(
     copy_raw: Annotated[
         bool, typer.Option("--copy-raw", help="Copy the traces into the run's raw/ folder.")
     ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(help="Processes per large trace (default: the CPU count less one, ≤ 4)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Import PyTorch-profiler traces (several ranks of one job become one run)."""
     import sys
 
+    from ..errors import ConfigError
     from ..traces.importers.kineto import import_kineto
 
-    s = import_kineto(traces, run, command=["perfdiag", *sys.argv[1:]], copy_raw=copy_raw)
+    if jobs is not None and jobs < 1:
+        raise ConfigError("--jobs must be at least 1")
+    s = import_kineto(
+        traces, run, command=["perfdiag", *sys.argv[1:]], copy_raw=copy_raw, jobs=jobs
+    )
     summary = {
         "run": str(s.out),
         "files": [

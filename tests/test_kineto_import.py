@@ -233,3 +233,45 @@ def test_odd_events_are_counted_not_fatal(tmp_path):
     assert json.loads(spans.loc["args later", "args"]) == {"a": 1.5}  # re-encoded, a float
     assert run.counters[["name", "value"]].values.tolist() == [["queue.depth", 3.0]]
     assert spans["rank"].isna().all()  # one file, no distributedInfo: no rank
+
+
+def _sorted_spans(run_dir):
+    spans = perfdiag.load_run(run_dir).spans.drop(columns=["args"])
+    spans = spans.astype({"name": str, "category": str})
+    return spans.sort_values(["start_ns", "name", "dur_ns"]).reset_index(drop=True)
+
+
+@needs_shared
+def test_parallel_read_equals_one_process(tmp_path, monkeypatch):
+    from perfdiag.traces.importers import kineto_parallel
+
+    monkeypatch.setattr(kineto_parallel, "MIN_CHARS_PER_WORKER", 1 << 20)
+    trace = KINETO / "v100_train_ns_resolution.json.gz"
+    one = import_kineto([trace], tmp_path / "one", jobs=1)
+    three = import_kineto([trace], tmp_path / "three", jobs=3)
+    meta = perfdiag.load_run(tmp_path / "three").manifest.extra["kineto"]["files"][0]
+    assert meta["workers"] == 3 and three.events == one.events == 68692
+    assert three.spans == one.spans
+    a, b = _sorted_spans(tmp_path / "one"), _sorted_spans(tmp_path / "three")
+    assert a.equals(b)
+
+
+def test_parallel_read_falls_back_when_fooled(tmp_path, monkeypatch):
+    from perfdiag.traces.importers import kineto_parallel
+
+    monkeypatch.setattr(kineto_parallel, "MIN_CHARS_PER_WORKER", 4096)
+    # Every name holds "}, {", the boundary pattern the workers search for.
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op}}, {{{i}", "pid": 1, "tid": 1,
+         "ts": f"{1000 + i}.125", "dur": 1, "args": {"k": "}, {"}}
+        for i in range(2000)
+    ]  # fmt: skip
+    path = tmp_path / "fooled.json"
+    path.write_text(
+        json.dumps({"traceEvents": events}).replace('.125"', ".125").replace('"ts": "', '"ts": ')
+    )
+    summary = import_kineto([path], tmp_path / "run", jobs=2)
+    run = perfdiag.load_run(tmp_path / "run")
+    assert summary.events == 2000 and len(run.spans) == 2000
+    assert run.manifest.extra["kineto"]["files"][0]["workers"] == 1  # fell back, exact
+    assert run.spans["start_ns"].min() == 1_000_125

@@ -25,6 +25,7 @@ from ...errors import ConfigError
 
 CHUNK_CHARS = 1 << 22  # 4 Mi characters per read: large enough to amortise, small in RAM
 _WS = re.compile(r"[ \t\n\r]*")
+_BOUNDARY = re.compile(r"\}[ \t\n\r]*,[ \t\n\r]*(\{)")
 _NEXT = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 
 
@@ -49,7 +50,9 @@ class ChromeTraceStream:
         self._eof = False
         self._file = None
         self.value_start = self.value_end = 0
-        self._on_start = None
+        self._on_start = self._stop = None
+        self.first_at: int | None = None  # where the first event read began (characters)
+        self.stopped_at: int | None = None  # where a range read stopped
 
     # -- reading ---------------------------------------------------------------------------
     def _open(self):
@@ -142,11 +145,24 @@ class ChromeTraceStream:
         return c
 
     # -- the document ----------------------------------------------------------------------
-    def events(self, on_start=None) -> Iterator[dict]:
+    def events(self, on_start=None, *, start: int = 0, stop: int | None = None) -> Iterator[dict]:
         """Yield every trace event; fill `header` with the other top-level keys.
-        `on_start()` is called when the events begin (the header before them is read)."""
-        self._on_start = on_start
+        `on_start()` is called when the events begin (the header before them is read).
+
+        A range (`start`, `stop`, in characters of the text) reads only part of the
+        events, for parallel readers: from the first element boundary at or after
+        `start` (found by pattern, so `first_at` must be checked against where the
+        previous range stopped) up to the first element starting at or after `stop`
+        (`stopped_at`; None when the array ended first)."""
+        self._on_start, self._stop = on_start, stop
+        self.first_at = self.stopped_at = None
         with self._open() as self._file:
+            if start > 0:
+                if self._seek_element(start):
+                    yield from self._array(skip_open=True)
+                if self.stopped_at is None:
+                    self._members(found=True)  # the keys after the array, the end
+                return
             c = self._skip_ws()
             if c == "":
                 raise TraceFormatError(f"{self.path}: empty file")
@@ -155,39 +171,77 @@ class ChromeTraceStream:
                 yield from self._array()
                 return
             self._expect("{", "a JSON object or array")
-            found = False
             if self._skip_ws() == "}":
                 self._pos += 1
-            else:
-                while True:
-                    key = self._value("a key")
-                    if not isinstance(key, str):
-                        raise self._malformed("a key that is not a string")
-                    self._expect(":", "':'")
-                    if key == "traceEvents":
-                        self._expect("[", "the traceEvents array")
-                        yield from self._array()
-                        found = True
-                    else:
-                        self.header[key] = self._value(f"the value of {key!r}")
-                    if self._expect(",}", "',' or '}'") == "}":
-                        break
-            if self._skip_ws() != "":
-                raise self._malformed("extra data after the JSON document")
-            if not found:
-                raise TraceFormatError(f"{self.path}: no traceEvents array (not a Chrome trace)")
+                self._members(found=False, closed=True)
+                return
+            found = False
+            while True:
+                key = self._value("a key")
+                if not isinstance(key, str):
+                    raise self._malformed("a key that is not a string")
+                self._expect(":", "':'")
+                if key == "traceEvents":
+                    self._expect("[", "the traceEvents array")
+                    yield from self._array()
+                    if self.stopped_at is not None:
+                        return
+                    self._members(found=True)
+                    return
+                self.header[key] = self._value(f"the value of {key!r}")
+                if self._expect(",}", "',' or '}'") == "}":
+                    break
+            self._members(found=found, closed=True)
 
-    def _array(self) -> Iterator[dict]:
+    def _members(self, *, found: bool, closed: bool = False) -> None:
+        """The rest of the top-level object after a value: more keys, then its end."""
+        while not closed:
+            if self._expect(",}", "',' or '}'") == "}":
+                break
+            key = self._value("a key")
+            if not isinstance(key, str):
+                raise self._malformed("a key that is not a string")
+            self._expect(":", "':'")
+            self.header[key] = self._value(f"the value of {key!r}")
+        if self._skip_ws() != "":
+            raise self._malformed("extra data after the JSON document")
+        if not found:
+            raise TraceFormatError(f"{self.path}: no traceEvents array (not a Chrome trace)")
+
+    def _seek_element(self, start: int) -> bool:
+        """Move to the first `{` after a `},` whose position is >= `start`."""
+        while self._consumed + len(self.buf) < start + CHUNK_CHARS // 4:
+            self._pos = min(len(self.buf), max(0, start - 64 - self._consumed))
+            if not self._fill():
+                break
+        self._pos = min(len(self.buf), max(0, start - 64 - self._consumed))
+        while True:
+            m = _BOUNDARY.search(self.buf, self._pos)
+            while m is not None and self._consumed + m.start(1) < start:
+                m = _BOUNDARY.search(self.buf, m.start(1))
+            if m is not None and m.start(1) < len(self.buf) - 1:
+                self._pos = m.start(1)
+                return True
+            self._pos = max(self._pos, len(self.buf) - 64)
+            if not self._fill():
+                self._pos = len(self.buf)
+                return False
+
+    def _array(self, skip_open: bool = False) -> Iterator[dict]:
         if self._on_start is not None:
             self._on_start()
         # The hot loop: one scan and one separator match per event; everything else is
         # the slow path taken near the end of the buffer or on bad input.
-        scan, sep_match = self._scan, _NEXT.match
-        if self._skip_ws() == "]":
+        scan, sep_match, stop = self._scan, _NEXT.match, self._stop
+        if not skip_open and self._skip_ws() == "]":
             self._pos += 1
             return
+        self.first_at = self._consumed + self._pos
         while True:
             buf, pos = self.buf, self._pos
+            if stop is not None and self._consumed + pos >= stop:
+                self.stopped_at = self._consumed + pos
+                return
             try:
                 event, end = scan(buf, pos)
             except (StopIteration, ValueError):

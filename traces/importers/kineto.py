@@ -25,8 +25,9 @@ from ...errors import ConfigError, PerfdiagError
 from ..layout import RAW_DIR
 from ..manifest import CRASHED
 from ..writer import RunWriter
-from .chrome_stream import TraceFormatError
+from .chrome_stream import ChromeTraceStream, TraceFormatError
 from .kineto_events import KinetoFileReader
+from .kineto_parallel import ParallelReadFailed, is_object_document, plan_workers, read_parallel
 
 _BASE_TIME = re.compile(r'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _TAIL_CHARS = 1 << 16
@@ -130,8 +131,10 @@ def import_kineto(
     *,
     command: list[str] | None = None,
     copy_raw: bool = False,
+    jobs: int | None = None,
 ) -> ImportSummary:
-    """Import Kineto Chrome-JSON traces (plain or gzipped) into the run directory `out`."""
+    """Import Kineto Chrome-JSON traces (plain or gzipped) into the run directory `out`.
+    `jobs`: processes per large file (None: up to the CPU count; 1: one process)."""
     if not paths:
         raise ConfigError("no trace files to import")
     files = [Path(p) for p in paths]
@@ -148,6 +151,21 @@ def import_kineto(
     t0 = time.perf_counter()
     # Several files: read each base time first so all go onto the first file's time base.
     bases = [tail_base_time_ns(p) for p in files] if len(files) > 1 else [None]
+    try:
+        summary = _write_run(files, tmp, bases, command, copy_raw, jobs)
+    except ParallelReadFailed:
+        summary = _write_run(files, tmp, bases, command, copy_raw, 1)  # exact, one process
+    try:
+        os.rename(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PerfdiagError(f"{out}: cannot move the imported run into place ({e})") from None
+    summary.out = out
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _write_run(files, tmp: Path, bases, command, copy_raw: bool, jobs) -> ImportSummary:
     writer = RunWriter(
         tmp,
         command=command,
@@ -156,42 +174,28 @@ def import_kineto(
         environment_info={"recorded_by": RECORDED_BY},
         batch_rows=1 << 17,
     )
-    summary = ImportSummary(out=out)
+    summary = ImportSummary(out=tmp)
     try:
         headers, file_meta = [], []
         spans, counters = writer.table("spans"), writer.table("counters")
         for i, path in enumerate(files):
             offset = 0 if bases[0] is None else bases[i] - bases[0]
-            reader = KinetoFileReader(
-                path,
-                spans.append,
-                counters.append,
-                rank_of=lambda h, i=i: _rank_of(h, i, len(files)),
-                time_offset_ns=offset,
-            )
-            reader.read()
-            header = reader.stream.header
-            base = int(header.get("baseTimeNanoseconds") or 0)
-            if bases[0] is not None and base != bases[i]:
+            fs, header, meta = _read_file(path, i, len(files), offset, spans, counters, jobs)
+            if bases[0] is not None and fs.base_time_ns != bases[i]:
                 raise TraceFormatError(f"{path}: baseTimeNanoseconds changed while reading")
             headers.append(header)
-            fs = FileSummary(
-                str(path), reader.rank, reader.stream.events_seen, dict(reader.spans_by_category),
-                dict(reader.skipped), base, reader.flows_linked,
-            )  # fmt: skip
             summary.files.append(fs)
-            file_meta.append(_file_meta(path, fs, reader, header))
+            file_meta.append(meta)
         if copy_raw:
             (tmp / RAW_DIR).mkdir(exist_ok=True)
             for p in files:
                 shutil.copy2(p, tmp / RAW_DIR / p.name)
-        base0 = summary.files[0].base_time_ns
         writer.update_manifest(
             environment=_environment(headers),
             clock={
                 "clock": "kineto",  # ns since the trace's time base
                 "monotonic_ns": 0,
-                "wall_ns": base0,
+                "wall_ns": summary.files[0].base_time_ns,
                 "uncertainty_ns": 0,
                 "resolution_ns": 1,
             },
@@ -202,16 +206,85 @@ def import_kineto(
         writer.close(CRASHED)  # never complete-looking, then gone
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    try:
-        os.rename(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise PerfdiagError(f"{out}: cannot move the imported run into place ({e})") from None
-    summary.seconds = time.perf_counter() - t0
     return summary
 
 
-def _file_meta(path: Path, fs: FileSummary, reader: KinetoFileReader, header: dict) -> dict:
+def _header_before_events(path: Path) -> dict:
+    """The top-level keys written before `traceEvents` (device properties, rank)."""
+    stream = ChromeTraceStream(path)
+    events = stream.events()
+    next(events, None)
+    events.close()
+    return stream.header
+
+
+def _read_file(path: Path, index: int, n_files: int, offset: int, spans, counters, jobs):
+    workers = plan_workers(path, jobs)
+    if workers > 1 and is_object_document(path):
+        header = _header_before_events(path)
+        rank = _rank_of(header, index, n_files)
+        parts = read_parallel(
+            path,
+            workers,
+            rank=rank,
+            offset=offset,
+            add_spans=spans.extend,
+            add_counters=counters.extend,
+        )
+        header = {**header, **parts[-1].header}
+        merged: dict = {"spans": {}, "skipped": {}, "processes": {}, "threads": {}, "windows": []}
+        for part in parts:
+            for key, value in (("spans", part.spans_by_category), ("skipped", part.skipped)):
+                for k, v in value.items():
+                    merged[key][k] = merged[key].get(k, 0) + v
+            merged["processes"].update(part.processes)
+            merged["threads"].update(part.threads)
+            merged["windows"] += part.profiler_windows
+        events = sum(p.events for p in parts)
+        fs = FileSummary(
+            str(path),
+            rank,
+            events,
+            merged["spans"],
+            merged["skipped"],
+            int(header.get("baseTimeNanoseconds") or 0),
+            0,
+        )
+        extra = {
+            "processes": merged["processes"],
+            "threads": merged["threads"],
+            "profiler_windows": merged["windows"],
+            "workers": workers,
+        }
+        return fs, header, _file_meta(path, fs, extra, header)
+    reader = KinetoFileReader(
+        path,
+        spans.append,
+        counters.append,
+        rank_of=lambda h: _rank_of(h, index, n_files),
+        time_offset_ns=offset,
+    )
+    reader.read()
+    header = reader.stream.header
+    fs = FileSummary(
+        str(path),
+        reader.rank,
+        reader.stream.events_seen,
+        dict(reader.spans_by_category),
+        dict(reader.skipped),
+        int(header.get("baseTimeNanoseconds") or 0),
+        reader.flows_linked,
+    )
+    extra = {
+        "processes": reader.processes,
+        "threads": reader.threads,
+        "profiler_windows": reader.profiler_windows,
+        "workers": 1,
+    }
+    return fs, header, _file_meta(path, fs, extra, header)
+
+
+def _file_meta(path: Path, fs: FileSummary, extra: dict, header: dict) -> dict:
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     return {
         "path": str(path.resolve()),
@@ -225,8 +298,9 @@ def _file_meta(path: Path, fs: FileSummary, reader: KinetoFileReader, header: di
         "skipped": fs.skipped,
         "flows_linked": fs.flows_linked,
         "trace_name": header.get("traceName"),
-        "profiler_windows": reader.profiler_windows[:16],
-        "processes": dict(list(reader.processes.items())[:64]),
-        "threads": dict(list(reader.threads.items())[:256]),
+        "workers": extra["workers"],
+        "profiler_windows": extra["profiler_windows"][:16],
+        "processes": dict(list(extra["processes"].items())[:64]),
+        "threads": dict(list(extra["threads"].items())[:256]),
         "header": {k: v for k, v in header.items() if isinstance(v, (int, str)) and k != "INFO"},
     }

@@ -130,6 +130,7 @@ class KinetoFileReader:
         self.threads: dict[str, str] = {}
         self.profiler_windows: list[tuple[int, int]] = []
         self.flows_linked = 0
+        self.unresolved = 0  # GPU ops and launches left without a correlation id
         self._flows: dict[tuple, int] = {}
         self._pending: list[tuple[tuple, tuple]] = []  # spans waiting for a flow
 
@@ -146,8 +147,9 @@ class KinetoFileReader:
         """Called as the events begin: the header before them names the rank."""
         self.rank = self.rank_of(self.stream.header)
 
-    def read(self) -> None:
-        events = self.stream.events(on_start=self._start)
+    def read(self, *, start: int = 0, stop: int | None = None) -> None:
+        """Read the file (or the character range of its events, see ChromeTraceStream)."""
+        events = self.stream.events(on_start=self._start, start=start, stop=stop)
         first = next(events, None)
         if self.rank is None:
             self._start()
@@ -332,7 +334,9 @@ class KinetoFileReader:
             except (TypeError, ArithmeticError):
                 key = None
             corr = _int(flows.get(key))
-            if corr is not None:
+            if corr is None:
+                self.unresolved += 1
+            else:
                 self.flows_linked += 1
                 row = (*row[:10], corr, *row[11:])
             self.add_span(row)

@@ -1,0 +1,179 @@
+"""Read one large trace with several processes: each worker decodes a character range of
+the text and sends its rows, in batches, to the importing process, which writes them.
+
+Decoding JSON into Python objects is the import's cost, and it is CPU-bound under the
+GIL, so threads cannot share it; processes can. Every worker reads the text from the
+start (decompression and skipping cost little next to decoding) and starts at the first
+element boundary (`},{`) at or after its range start; the previous worker stops at the
+first element starting at or after the same point. The boundaries are checked: if two
+neighbours disagree (a `},{` inside a string fooled the search), or any worker fails, or
+a span waits for a flow event that another worker may hold, the caller falls back to
+reading the file in one process, which is always exact.
+"""
+
+from __future__ import annotations
+
+import gzip
+import multiprocessing as mp
+import os
+import struct
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from .kineto_events import KinetoFileReader
+
+BATCH_ROWS = 16384
+MIN_CHARS_PER_WORKER = 32 << 20  # below this, one process is as fast
+
+
+class ParallelReadFailed(Exception):
+    """The parallel read could not be trusted: read the file in one process instead."""
+
+
+@dataclass
+class WorkerResult:
+    events: int
+    first_at: int | None
+    stopped_at: int | None
+    spans_by_category: dict[str, int]
+    skipped: dict[str, int]
+    processes: dict
+    threads: dict
+    profiler_windows: list
+    header: dict = field(default_factory=dict)
+
+
+def text_size_estimate(path: Path) -> int:
+    """Characters of text in the file: its size, or a gzip's recorded size (mod 4 GiB)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return size
+        f.seek(-4, os.SEEK_END)
+        isize = struct.unpack("<I", f.read(4))[0]
+    # ISIZE wraps at 4 GiB; compressed traces shrink ~10x, so pick the wrap that fits.
+    while isize < size * 3:
+        isize += 1 << 32
+    return isize
+
+
+def plan_workers(path: Path, jobs: int | None) -> int:
+    if jobs is not None and jobs <= 1:
+        return 1
+    chars = text_size_estimate(path)
+    # By default leave one core to the importing process, which writes what workers read.
+    most = jobs or min(max((os.cpu_count() or 1) - 1, 1), 4)
+    return max(1, min(most, chars // MIN_CHARS_PER_WORKER))
+
+
+class _Batcher:
+    __slots__ = ("conn", "rows", "tag")
+
+    def __init__(self, conn, tag: str):
+        self.conn, self.tag, self.rows = conn, tag, []
+
+    def append(self, row) -> None:
+        rows = self.rows
+        rows.append(row)
+        if len(rows) >= BATCH_ROWS:
+            self.conn.send((self.tag, rows))
+            self.rows = []
+
+    def flush(self) -> None:
+        if self.rows:
+            self.conn.send((self.tag, self.rows))
+            self.rows = []
+
+
+def _work(path: str, start: int, stop: int | None, rank, offset: int, conn) -> None:
+    try:
+        spans, counters = _Batcher(conn, "spans"), _Batcher(conn, "counters")
+        reader = KinetoFileReader(
+            path, spans.append, counters.append, rank_of=lambda _h: rank, time_offset_ns=offset
+        )
+        reader.read(start=start, stop=stop)
+        if reader.unresolved:  # its flow event may sit in another worker's range
+            raise ParallelReadFailed("spans without correlation or a flow in range")
+        spans.flush()
+        counters.flush()
+        s = reader.stream
+        conn.send(
+            (
+                "done",
+                WorkerResult(
+                    s.events_seen,
+                    s.first_at,
+                    s.stopped_at,
+                    reader.spans_by_category,
+                    reader.skipped,
+                    reader.processes,
+                    reader.threads,
+                    reader.profiler_windows,
+                    s.header if stop is None else {},
+                ),
+            )
+        )
+    except BaseException as e:  # reported to the parent, which falls back
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+def read_parallel(
+    path: Path, workers: int, *, rank, offset: int, add_spans, add_counters
+) -> list[WorkerResult]:
+    """Read `path` with `workers` processes; rows go to `add_spans(list)` and
+    `add_counters(list)`. Raises ParallelReadFailed when the result cannot be trusted."""
+    chars = text_size_estimate(path)
+    cuts = [i * chars // workers for i in range(workers)] + [None]
+    ctx = mp.get_context("spawn")  # the parent runs a writer thread: never fork it
+    procs, conns, order = [], [], {}
+    for k in range(workers):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_work, args=(str(path), cuts[k], cuts[k + 1], rank, offset, child), daemon=True
+        )
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+        order[parent] = k
+    results: dict[int, WorkerResult] = {}
+    try:
+        live = list(conns)
+        while live:
+            for conn in wait(live):
+                try:
+                    tag, payload = conn.recv()
+                except EOFError:
+                    live.remove(conn)
+                    if order[conn] not in results:
+                        raise ParallelReadFailed(f"worker {order[conn]} died") from None
+                    continue
+                if tag == "spans":
+                    add_spans(payload)
+                elif tag == "counters":
+                    add_counters(payload)
+                elif tag == "done":
+                    results[order[conn]] = payload
+                else:
+                    raise ParallelReadFailed(payload)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
+    ordered = [results[k] for k in range(workers)]
+    for k in range(workers - 1):
+        if ordered[k].stopped_at != ordered[k + 1].first_at:
+            raise ParallelReadFailed(f"ranges {k} and {k + 1} disagree on their boundary")
+    return ordered
+
+
+def is_object_document(path: Path) -> bool:
+    """Whether the trace is a JSON object (not the bare-array form), from its first bytes."""
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    with (gzip.open if gz else open)(path, "rb") as f:
+        return f.read(4096).lstrip()[:1] == b"{"
