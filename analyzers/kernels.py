@@ -71,7 +71,8 @@ def _stats(frame: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
 
 def kernel_breakdown(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per kernel class, per kernel name) over the GPU work (kernels, copies, sets, comm)."""
-    gpu = df[df["on_gpu"].to_numpy() & cls_mask(df, "kernel", "memcpy", "memset", "comm")]
+    mask = df["on_gpu"].to_numpy() & cls_mask(df, "kernel", "memcpy", "memset", "comm")
+    gpu = df.loc[mask, ["name", "category", "dur_ns"]]
     frame = pd.DataFrame(
         {
             "name": gpu["name"].astype("category").to_numpy(),
@@ -87,7 +88,7 @@ def kernel_breakdown(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def op_breakdown(df: pd.DataFrame) -> pd.DataFrame:
     """Per CPU-op name: count, total (inclusive), mean, p99, max."""
-    ops = df[category_mask(df["category"], ["cpu_op"])]
+    ops = df.loc[category_mask(df["category"], ["cpu_op"]), ["name", "dur_ns"]]
     if not len(ops):
         return pd.DataFrame()
     frame = pd.DataFrame(

@@ -137,7 +137,8 @@ def resources(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
     ]
     out = []
     for kind, mask, keys in selections:
-        sub = df[mask & df["rank_key"].isin(span.index).to_numpy()]
+        keep = mask & df["rank_key"].isin(span.index).to_numpy()
+        sub = df.loc[keep, ["rank_key", "start_ns", "end_ns", *keys]]  # only what is needed
         if not len(sub):
             continue
         codes = resource_codes(sub, ["rank_key", *keys])
