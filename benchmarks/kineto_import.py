@@ -93,7 +93,8 @@ from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.reader import load_run
 from perfdiag.analyzers.report import timeline_report
 t1 = time.perf_counter()
-s = import_kineto([sys.argv[1]], sys.argv[2])
+jobs = int(sys.argv[3]) if sys.argv[3] != "auto" else None
+s = import_kineto([sys.argv[1]], sys.argv[2], jobs=jobs)
 t2 = time.perf_counter()
 rep = timeline_report(load_run(sys.argv[2]))
 t3 = time.perf_counter()
@@ -101,14 +102,16 @@ print(json.dumps({
     "events": s.events, "spans": rep.spans, "import_s": t2 - t1, "analysis_s": t3 - t2,
     "imports_s": t1 - t0, "windows": len(rep.windows), "kernels_linked": rep.kernels_linked,
     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "worker_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    "workers": load_run(sys.argv[2]).manifest.extra["kineto"]["files"][0]["workers"],
 }))
 """
 
 
-def measure(trace: Path, workdir: Path) -> dict:
-    out = workdir / f"run-{trace.name.split('.')[0]}"
+def measure(trace: Path, workdir: Path, jobs: str) -> dict:
+    out = workdir / f"run-{trace.name.split('.')[0]}-{jobs}"
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, str(trace), str(out)], capture_output=True, text=True
+        [sys.executable, "-c", CHILD, str(trace), str(out), jobs], capture_output=True, text=True
     )
     if r.returncode:
         raise SystemExit(r.stderr)
@@ -124,6 +127,11 @@ def report(label: str, m: dict) -> None:
         f" -> {m['events'] / total:,.0f} events/s end to end "
         f"(import alone {m['events'] / m['import_s']:,.0f} events/s); "
         f"peak RSS {m['peak_rss_mb']:,.0f} MB"
+        + (
+            f" (+ {m['workers']} reader processes, each under {m['worker_peak_rss_mb']:,.0f} MB)"
+            if m["workers"] > 1
+            else ""
+        )
     )
 
 
@@ -131,12 +139,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--trace", type=Path, default=V100)
+    ap.add_argument(
+        "--jobs", default="auto", help="reader processes for the synthetic trace, or 'auto'"
+    )
     args = ap.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="perfdiag-kineto-bench-") as tmp:
         tmp = Path(tmp)
         if args.trace.exists():
-            report(args.trace.name, measure(args.trace, tmp))
+            report(args.trace.name, measure(args.trace, tmp, "auto"))
         else:
             print(f"{args.trace}: not found, skipped")
         synthetic = tmp / "synthetic.json"
@@ -147,7 +158,7 @@ def main() -> None:
             f"synthetic trace: {n:,} events, {size / 1e6:,.0f} MB, "
             f"written in {time.perf_counter() - t:.1f} s"
         )
-        report("synthetic", measure(synthetic, tmp))
+        report(f"synthetic (jobs {args.jobs})", measure(synthetic, tmp, args.jobs))
 
 
 if __name__ == "__main__":
