@@ -112,6 +112,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}  # unfinished, by id
         self._inbox: deque[Request] = deque()
         self._aborts: deque[str] = deque()
+        self._aborting: set[str] = set()  # ids in _aborts
         self._outputs: list[RequestOutput] = []  # finished outside a step, for the next step()
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -205,8 +206,9 @@ class LLMEngine:
         """Cancel a request in any state. Its resources are released now if no step is
         running, else when the running step ends. False if unknown or already finished."""
         req = self.requests.get(request_id)
-        if req is None or req.status.is_finished:
+        if req is None or req.status.is_finished or request_id in self._aborting:
             return False
+        self._aborting.add(request_id)
         obs = self.observer
         if obs is not None:
             ts = time.monotonic_ns()
@@ -238,8 +240,10 @@ class LLMEngine:
                     RequestEvent(req.request_id, K.QUEUED, ts, step_id, req.num_prompt_tokens)
                 )
         while self._aborts:
-            req = self.requests.pop(self._aborts.popleft(), None)
-            if req is None or req.status.is_finished:
+            rid = self._aborts.popleft()
+            self._aborting.discard(rid)
+            req = self.requests.pop(rid, None)
+            if req is None or req.status.is_finished:  # it finished on its own meanwhile
                 continue
             self.scheduler.abort(req)
             self._outputs.append(
