@@ -349,22 +349,33 @@ def _progress_table(p, elapsed: float) -> Table:
 
 
 def _print_summary(path: Path) -> None:
-    from ..analyzers.run_summary import summarize
+    from ..analyzers.lifecycle import Missing, build_lifecycle
+    from ..analyzers.metrics import serving_metrics
+    from ..analyzers.steady_state import find_window
     from ..traces.reader import load_run
 
     r = load_run(path)
-    s = summarize(r.requests, r.request_events)
+    lc = build_lifecycle(r)
+    if isinstance(lc, Missing):
+        out.print(f"run: {path} (no requests recorded)")
+        return
+    w = find_window(lc.requests, lc.origin_ns)
+    m = serving_metrics(lc, w)
+    o, tp = m.outcomes, m.throughput
+    span = "steady state" if w.steady else "whole run"
     t = Table(title=f"run {r.manifest.run_id} ({r.status})", title_justify="left")
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("requests (completed / failed / cancelled)",
-              f"{s.completed} / {s.failed} / {s.cancelled}")  # fmt: skip
-    t.add_row("warm-up excluded", str(s.warmup_excluded))
-    t.add_row("output tokens/s", f"{s.output_tokens_per_s:.1f}")
-    t.add_row("requests/s", f"{s.requests_per_s:.2f}")
-    t.add_row("TTFT p50 / p99", f"{s.ttft_p50_s * 1e3:.1f} / {s.ttft_p99_s * 1e3:.1f} ms")
-    t.add_row("ITL p50 / p99", f"{s.itl_p50_s * 1e3:.1f} / {s.itl_p99_s * 1e3:.1f} ms")
-    t.add_row("E2E p50 / p99", f"{s.e2e_p50_s:.2f} / {s.e2e_p99_s:.2f} s")
+              f"{o.ok} / {o.error + o.rejected} / {o.cancelled + o.timeout}")  # fmt: skip
+    t.add_row("warm-up excluded", str(o.warmup_excluded))
+    t.add_row(f"window ({span})", f"{w.duration_s:.2f} s")
+    t.add_row("output tokens/s", f"{tp.output_tokens_per_s:.1f}")
+    t.add_row("requests/s", f"{tp.requests_per_s:.2f}")
+    ttft, itl, e2e = m.ttft_s, m.itl_per_chunk_s, m.e2e_s
+    t.add_row("TTFT p50 / p99", f"{ttft.p50 * 1e3:.1f} / {ttft.p99 * 1e3:.1f} ms")
+    t.add_row("ITL p50 / p99", f"{itl.p50 * 1e3:.1f} / {itl.p99 * 1e3:.1f} ms")
+    t.add_row("E2E p50 / p99", f"{e2e.p50:.2f} / {e2e.p99:.2f} s")
     t.add_row("engine steps", f"{len(r.steps):,}")
     out.print(t)
-    out.print(f"run: {path}")
+    out.print(f"run: {path}  (details: perfdiag analyze {path})")

@@ -22,6 +22,7 @@ HEAVY = ("torch", "triton", "textual")
             "perfdiag.analyzers.ceilings",
             "perfdiag.traces.importers.kineto",
         ],
+        ["perfdiag.analyzers.serving", "perfdiag.cli.analyze"],
     ],
 )
 def test_no_heavy_imports(modules):

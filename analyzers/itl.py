@@ -1,0 +1,209 @@
+"""Every gap between two deliveries of a request, explained by the steps it spanned
+(definitions in docs/metrics.md).
+
+A delivery carries the tokens sampled in one or more engine steps; its last token was
+sampled at P (the start of sampling in that step, or the token event when sampling is
+not separately timed). The gap [previous delivery, this delivery] is cut at P:
+- before P, along the step timeline: the request's own steps split into decode work
+  (`decode`) and the prefill chunks batched with it (`interference`, by their share of
+  the step's work); steps the request sat out are others' work (`interference`), or
+  `preemption` when the request was preempted in the gap; time between steps is
+  `host_gap` (scheduler, output processing, the host loop);
+- after P: `stream_out`, sampling and the way to the client (output routing, stream
+  buffering, the client's event loop).
+What the run cannot explain (no engine events for the tokens, no steps) is `remainder`;
+parts + remainder = gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .lifecycle import Lifecycle
+from .steady_state import INTERNAL
+from .steptime import StepTimeline, WorkWeights
+
+NS = 1e9
+CAUSES = ("decode", "interference", "preemption", "host_gap", "stream_out", "remainder")
+_COLS = tuple(f"{c}_s" for c in CAUSES)
+
+
+@dataclass(frozen=True)
+class ItlParts:
+    """Mean seconds per gap of each cause, over a set of gaps (they add up to gap_s)."""
+
+    gaps: int
+    gap_s: float
+    decode_s: float
+    interference_s: float
+    preemption_s: float
+    host_gap_s: float
+    stream_out_s: float
+    remainder_s: float
+
+
+@dataclass(frozen=True)
+class DominantCauses:
+    """How many gaps each cause dominated (the largest part)."""
+
+    decode: int
+    interference: int
+    preemption: int
+    host_gap: int
+    stream_out: int
+    remainder: int
+
+
+@dataclass(frozen=True)
+class ItlAttribution:
+    mean: ItlParts  # every gap
+    tail: ItlParts  # gaps at or above the p99 gap: what makes the spikes
+    dominant: DominantCauses
+    dominant_in_tail: DominantCauses
+    remainder_share: float  # Σ|remainder| / Σ gaps
+    per_gap: pd.DataFrame = field(metadata=INTERNAL)
+
+
+def attribute_itl(
+    lc: Lifecycle,
+    gaps: pd.DataFrame,
+    steps: StepTimeline | None,
+    select: np.ndarray,
+    weights: WorkWeights | None = None,
+) -> ItlAttribution:
+    """Attribute the gaps (from metrics.delivery_gaps) of the selected requests."""
+    weights = weights or WorkWeights()
+    g = gaps[select[gaps["code"].to_numpy()]] if len(gaps) else gaps
+    n = len(g)
+    t_prev, t = g["t_prev"].to_numpy(), g["t"].to_numpy()
+    parts = {c: np.zeros(n) for c in _COLS}
+    p = np.full(n, np.nan)
+    if n and lc.has_engine:
+        own_pos, own_gap = _own_tokens(lc, g)
+        if len(own_pos):
+            p = _sampling_points(lc, own_pos, own_gap, n, steps)
+        if steps is not None and len(own_pos):
+            _split_steps(parts, lc, g, steps, own_pos, own_gap, p, weights)
+        known = ~np.isnan(p)
+        cut = np.where(known, np.clip(p, t_prev, t), t_prev)
+        parts["stream_out_s"] = np.where(known, t - cut, 0.0)
+        if steps is not None:
+            busy = steps.busy_between(t_prev, cut)
+            parts["host_gap_s"] = np.where(known, (cut - t_prev) - busy, 0.0)
+    gap = t - t_prev
+    explained = sum(parts[c] for c in _COLS if c != "remainder_s")
+    parts["remainder_s"] = gap - explained
+    frame = pd.DataFrame({"code": g["code"].to_numpy(), "chunk": g["chunk"].to_numpy(),
+                          "tokens": g["tokens"].to_numpy(), "gap_s": gap / NS})  # fmt: skip
+    for c in _COLS:
+        frame[c] = parts[c] / NS
+    frame["dominant"] = np.array(CAUSES)[np.argmax(frame[list(_COLS)].to_numpy(), axis=1)]
+    frame.insert(0, "request_id", lc.requests["request_id"].to_numpy()[frame["code"]])
+    gap_s = frame["gap_s"].to_numpy()
+    tail = gap_s >= np.percentile(gap_s, 99) if n else np.zeros(0, dtype=bool)
+    return ItlAttribution(
+        mean=_parts(frame, np.ones(n, dtype=bool)),
+        tail=_parts(frame, tail),
+        dominant=_dominant(frame["dominant"]),
+        dominant_in_tail=_dominant(frame["dominant"][tail]),
+        remainder_share=float(np.abs(frame["remainder_s"]).sum() / gap_s.sum())
+        if n and gap_s.sum() > 0
+        else float("nan"),
+        per_gap=frame,
+    )
+
+
+def _own_tokens(lc: Lifecycle, g: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Engine token events (rows of lc.engine) and the gap (row of g) whose delivery
+    carried each: token n of a request is in the first delivery whose running token
+    count reaches n."""
+    d = lc.deliveries
+    code = d["code"].to_numpy().astype(np.int64)
+    cum = d.groupby("code", sort=False)["tokens"].cumsum().to_numpy().astype(np.int64)
+    e = lc.engine
+    tok = np.flatnonzero(e["kind"].isin(["first_token", "token"]).to_numpy())
+    n_out = e["num_tokens"].to_numpy()[tok]
+    tok = tok[~np.isnan(n_out)]
+    n_out = n_out[~np.isnan(n_out)].astype(np.int64)
+    scale = int(max(cum.max(initial=0), n_out.max(initial=0))) + 1
+    keys = code * scale + cum  # sorted: deliveries are in (code, time) order
+    tcode = e["code"].to_numpy()[tok].astype(np.int64)
+    at = np.searchsorted(keys, tcode * scale + n_out, side="left")
+    found = at < len(keys)
+    found[found] = code[at[found]] == tcode[found]
+    local = np.full(len(d), -1, dtype=np.int64)  # delivery → row of g, if selected
+    local[g["delivery"].to_numpy()] = np.arange(len(g))
+    gap_local = np.where(found, local[np.minimum(at, len(keys) - 1)], -1)
+    keep = gap_local >= 0
+    return tok[keep], gap_local[keep]
+
+
+def _sampling_points(lc, own_pos, own_gap, n, steps) -> np.ndarray:
+    """P per gap: when the last token of the delivery began sampling."""
+    e = lc.engine
+    t_tok = e["t"].to_numpy()[own_pos]
+    if steps is not None:
+        pos = steps.index_of(e["step"].to_numpy()[own_pos])
+        ss = np.where(pos >= 0, steps.sample_start[np.maximum(pos, 0)], np.nan)
+        t_tok = np.where(np.isnan(ss), t_tok, ss)
+    p = np.full(n, -np.inf)
+    np.maximum.at(p, own_gap, t_tok)
+    return np.where(np.isinf(p), np.nan, p)
+
+
+def _split_steps(parts, lc, g, steps: StepTimeline, own_pos, own_gap, p, weights) -> None:
+    e = lc.engine
+    t_prev = g["t_prev"].to_numpy()
+    cut = np.where(np.isnan(p), t_prev, np.maximum(p, t_prev))
+    pos = steps.index_of(e["step"].to_numpy()[own_pos])
+    ok = pos >= 0
+    pos, gi = pos[ok], own_gap[ok]
+    lo = np.maximum(steps.start[pos], t_prev[gi])
+    hi = np.minimum(steps.end[pos], cut[gi])
+    overlap = np.maximum(hi - lo, 0.0)
+    share = steps.prefill_share(pos, weights)
+    n = len(g)
+    decode = np.bincount(gi, overlap * (1 - share), minlength=n)
+    interference = np.bincount(gi, overlap * share, minlength=n)
+    others = np.maximum(steps.busy_between(t_prev, cut) - decode - interference, 0.0)
+    preempted = _preempted_in_gap(lc, g)
+    parts["decode_s"] = np.where(preempted, 0.0, decode)
+    parts["interference_s"] = np.where(preempted, 0.0, interference + others)
+    parts["preemption_s"] = np.where(preempted, decode + interference + others, 0.0)
+
+
+def _preempted_in_gap(lc: Lifecycle, g: pd.DataFrame) -> np.ndarray:
+    e = lc.engine
+    pre = e[(e["kind"] == "preempted").to_numpy()]
+    out = np.zeros(len(g), dtype=bool)
+    if len(pre) == 0 or len(g) == 0:
+        return out
+    right = pd.DataFrame({"code": g["code"].to_numpy(), "t_gap": g["t"].to_numpy(),
+                          "t_prev": g["t_prev"].to_numpy(), "row": np.arange(len(g))})  # fmt: skip
+    joined = pd.merge_asof(
+        pre[["code", "t"]].sort_values("t"),
+        right.sort_values("t_gap"),
+        left_on="t",
+        right_on="t_gap",
+        by="code",
+        direction="forward",
+    ).dropna(subset=["row"])
+    inside = joined["t"].to_numpy() > joined["t_prev"].to_numpy()
+    out[joined["row"].to_numpy()[inside].astype(np.int64)] = True
+    return out
+
+
+def _parts(frame: pd.DataFrame, mask: np.ndarray) -> ItlParts:
+    sub = frame[mask]
+    if len(sub) == 0:
+        return ItlParts(0, *([float("nan")] * 7))
+    m = sub[["gap_s", *_COLS]].mean()
+    return ItlParts(len(sub), *(float(m[c]) for c in ("gap_s", *_COLS)))
+
+
+def _dominant(col: pd.Series) -> DominantCauses:
+    counts = col.value_counts()
+    return DominantCauses(*(int(counts.get(c, 0)) for c in CAUSES))

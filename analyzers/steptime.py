@@ -1,0 +1,148 @@
+"""The engine's step timeline as arrays, for critical paths over steps.
+
+Steps of one engine run one after another, so "how much of [a, b] did steps occupy" is
+the difference of one cumulative function: `busy(b) - busy(a)`, a binary search per
+query. Everything on the path that no step covers is host/scheduler time between steps.
+
+Where a step's work is shared (prefill chunks and decodes in one batch), its duration is
+split in proportion to each part's work: a prefill token weighs `prefill_weight`, a
+decoding sequence `decode_weight` (token counts by default; the fitted step-cost model's
+marginal costs when it is trustworthy, see scheduler.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..traces.reader import Run
+
+
+@dataclass(frozen=True)
+class WorkWeights:
+    prefill_weight: float = 1.0  # per prefill token
+    decode_weight: float = 1.0  # per decoding sequence
+
+
+@dataclass(frozen=True)
+class StepTimeline:
+    step_id: np.ndarray  # int64, in time order
+    start: np.ndarray  # float64 ns relative to the lifecycle's origin
+    end: np.ndarray
+    sample_start: np.ndarray  # when sampling began (host-timed runs); NaN: unknown
+    prefill_tokens: np.ndarray
+    decode_seqs: np.ndarray
+    prefill_seqs: np.ndarray
+    context_tokens: np.ndarray
+    in_system: np.ndarray  # running + waiting + swapped after scheduling (NaN: unknown)
+    waiting: np.ndarray
+    cum: np.ndarray  # busy time of all steps before each step
+    rank: int | None  # the rank kept when several recorded steps
+
+    @classmethod
+    def from_run(cls, run: Run, origin_ns: int) -> StepTimeline | None:
+        steps = run.steps
+        if len(steps) == 0:
+            return None
+        rank = None
+        ranks = steps["rank"].dropna().unique()
+        if len(ranks) > 1:  # ranks run concurrently: follow the lowest one's timeline
+            rank = int(min(ranks))
+            steps = steps[steps["rank"].eq(rank).fillna(False).to_numpy()]
+        steps = steps.drop_duplicates("step_id").sort_values("start_ns", kind="stable")
+        start = (steps["start_ns"].to_numpy(np.int64) - origin_ns).astype(np.float64)
+        end = (steps["end_ns"].to_numpy(np.int64) - origin_ns).astype(np.float64)
+        end = np.maximum(end, start)
+        end[:-1] = np.minimum(end[:-1], start[1:])  # defensive: never count overlap twice
+        dur = end - start
+        cum = np.concatenate(([0.0], np.cumsum(dur)[:-1]))
+        ids = steps["step_id"].to_numpy(np.int64)
+        host_timed = steps["gpu_time_ns"].isna().all()
+        sample = _sample_starts(run, ids, origin_ns, rank) if host_timed else None
+        return cls(
+            step_id=ids,
+            start=start,
+            end=end,
+            sample_start=np.full(len(ids), np.nan) if sample is None else sample,
+            prefill_tokens=steps["num_prefill_tokens"].to_numpy(np.float64),
+            decode_seqs=steps["num_decode_seqs"].to_numpy(np.float64),
+            prefill_seqs=steps["num_prefill_seqs"].to_numpy(np.float64),
+            context_tokens=steps["num_context_tokens"].to_numpy(np.float64),
+            in_system=_counts(steps, ("num_running", "num_waiting", "num_swapped")),
+            waiting=_counts(steps, ("num_waiting",)),
+            cum=cum,
+            rank=rank,
+        )
+
+    def __len__(self) -> int:
+        return len(self.step_id)
+
+    def index_of(self, step_ids: np.ndarray) -> np.ndarray:
+        """Positions of `step_ids` (float, NaN allowed) in the timeline; -1 if unknown."""
+        ids = np.asarray(step_ids, dtype=np.float64)
+        known = ~np.isnan(ids)
+        pos = pd.Index(self.step_id).get_indexer(ids[known].astype(np.int64))
+        out = np.full(len(ids), -1, dtype=np.int64)
+        out[known] = pos
+        return out
+
+    def busy(self, t: np.ndarray) -> np.ndarray:
+        """Step time in [-inf, t] for each t (NaN stays NaN)."""
+        t = np.asarray(t, dtype=np.float64)
+        i = np.searchsorted(self.start, np.nan_to_num(t, nan=-np.inf), side="right") - 1
+        safe = np.clip(i, 0, len(self.start) - 1)
+        partial = np.clip(t - self.start[safe], 0.0, self.end[safe] - self.start[safe])
+        out = np.where(i >= 0, self.cum[safe] + partial, 0.0)
+        return np.where(np.isnan(t), np.nan, out)
+
+    def busy_between(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.maximum(self.busy(b) - self.busy(a), 0.0)
+
+    def prefill_share(self, pos: np.ndarray, weights: WorkWeights) -> np.ndarray:
+        """Fraction of the work of the steps at `pos` that was prefill (NaN for -1)."""
+        p = self.prefill_tokens[pos] * weights.prefill_weight
+        d = self.decode_seqs[pos] * weights.decode_weight
+        total = p + d
+        share = np.divide(p, total, out=np.zeros(len(pos)), where=total > 0)
+        return np.where(pos >= 0, share, np.nan)
+
+    def work_share(self, pos: np.ndarray, tokens: np.ndarray, weights: WorkWeights) -> np.ndarray:
+        """Fraction of the steps' work that `tokens` prefill tokens of one request were."""
+        total = (
+            self.prefill_tokens[pos] * weights.prefill_weight
+            + self.decode_seqs[pos] * weights.decode_weight
+        )
+        own = tokens * weights.prefill_weight
+        share = np.divide(own, total, out=np.ones(len(pos)), where=total > 0)
+        return np.where(pos >= 0, np.clip(share, 0.0, 1.0), np.nan)
+
+
+def _sample_starts(run: Run, ids: np.ndarray, origin_ns: int, rank: int | None):
+    """Start of each step's `sample` phase. Only on host-timed runs: on a GPU the
+    forward phase ends at launch and `sample` absorbs the wait for the device."""
+    spans = run.spans
+    if len(spans) == 0:
+        return None
+    sel = (spans["category"] == "phase").to_numpy() & (spans["name"] == "sample").to_numpy()
+    sel &= spans["step_id"].notna().to_numpy()
+    if rank is not None:
+        sel &= spans["rank"].eq(rank).fillna(False).to_numpy()
+    if not sel.any():
+        return None
+    phase = spans[sel]
+    out = np.full(len(ids), np.nan)
+    pos = pd.Index(ids).get_indexer(phase["step_id"].to_numpy(np.int64))
+    found = pos >= 0
+    out[pos[found]] = (phase["start_ns"].to_numpy(np.int64)[found] - origin_ns).astype(np.float64)
+    return out
+
+
+def _counts(steps: pd.DataFrame, columns) -> np.ndarray:
+    """Sum of queue-depth columns; a null swapped count is 0, a null other is unknown."""
+    out = np.zeros(len(steps))
+    for col in columns:
+        v = steps[col].to_numpy(dtype=np.float64, na_value=np.nan)
+        out += np.nan_to_num(v) if col == "num_swapped" else v
+    return out

@@ -1,0 +1,226 @@
+"""TTFT decomposed along the request's critical path (definitions in docs/metrics.md).
+
+A request's first token is gated by a chain of milestones, each after the last:
+sent → tokenised (input processing: hand-off, tokenisation, validation) → start of the
+step that admits it (engine queue: the engine's inbox while a step runs, then its
+waiting queue) → sampling of its first token in step K (prefill) → the client receives
+it (sampling and return). The milestones cut [sent, first token]
+into consecutive pieces, so the parts never overlap and add up to the TTFT.
+
+The prefill piece is split along the step timeline: time in steps where the request's
+chunks ran, by its share of the step's work (own compute; the rest of those steps is
+others' work), steps it sat out (others' work), gaps between steps (host/scheduler),
+a swap-in from the CPU tier (unhidden cache load), and waits after a preemption (queue
+again). Whatever no milestone explains (events or steps the run lacks) is the explicit
+remainder: parts + remainder = TTFT, always.
+
+The client's wait for a slot under a concurrency cap happens before the request is sent,
+outside TTFT as every tool defines it: it is reported beside the parts, not in them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .lifecycle import Lifecycle
+from .steady_state import INTERNAL
+from .steptime import StepTimeline, WorkWeights
+
+NS = 1e9
+PARTS = ("input_s", "queue_s", "cache_load_s", "prefill_own_s", "prefill_others_s",
+         "host_gap_s", "sample_return_s", "remainder_s")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TtftParts:
+    """Mean TTFT and mean parts over a set of requests (they add up to the TTFT)."""
+
+    requests: int
+    ttft_s: float
+    client_wait_s: float  # before the send: not part of TTFT
+    input_s: float
+    queue_s: float
+    cache_load_s: float
+    prefill_own_s: float
+    prefill_others_s: float
+    host_gap_s: float
+    sample_return_s: float
+    remainder_s: float
+
+
+@dataclass(frozen=True)
+class TtftDecomposition:
+    mean: TtftParts  # every decomposed request
+    p50: TtftParts  # requests whose TTFT lies between its p45 and p55
+    p99: TtftParts  # requests at or above the p99 TTFT: what makes the tail
+    remainder_share: float  # Σ|remainder| / Σ TTFT
+    max_sum_error: float  # max |parts + remainder − TTFT| / TTFT over requests
+    engine_events: bool  # False: no engine lifecycle, everything is remainder
+    step_timeline: bool  # False: no steps, the prefill split is remainder
+    per_request: pd.DataFrame = field(metadata=INTERNAL)
+
+
+def decompose_ttft(
+    lc: Lifecycle,
+    steps: StepTimeline | None,
+    select: np.ndarray,
+    weights: WorkWeights | None = None,
+) -> TtftDecomposition:
+    """Decompose the TTFT of the selected requests (boolean mask over lc.requests)."""
+    weights = weights or WorkWeights()
+    r = lc.requests
+    t0, t1 = r["t_sent"].to_numpy(), r["t_first"].to_numpy()
+    sel = select & ~np.isnan(t0) & ~np.isnan(t1) & (t1 >= t0)
+    idx = np.flatnonzero(sel)
+    rr = r.iloc[idx]
+    t0, t1 = t0[idx], t1[idx]
+    known = ~np.isnan(rr["step_first_sched"].to_numpy()) & ~np.isnan(
+        rr["step_engine_first"].to_numpy()
+    )
+    q = _first_known(rr, ("t_tokenize_end", "t_queued", "t_arrival"))
+    q = np.where(np.isnan(q), t0, np.clip(q, t0, t1))
+    s0 = rr["t_first_sched"].to_numpy()
+    p = rr["t_engine_first"].to_numpy()
+    if steps is not None:
+        pos0 = steps.index_of(rr["step_first_sched"].to_numpy())
+        s0 = np.where(pos0 >= 0, steps.start[pos0], s0)
+        posk = steps.index_of(rr["step_engine_first"].to_numpy())
+        p = np.where((posk >= 0) & ~np.isnan(steps.sample_start[posk]), steps.sample_start[posk], p)
+    s0 = np.where(known, np.clip(s0, q, t1), q)
+    p = np.where(known, np.clip(p, s0, t1), s0)
+    n = len(idx)
+    parts = {name: np.zeros(n) for name in PARTS}
+    parts["input_s"] = np.where(known, q - t0, 0.0)
+    parts["queue_s"] = np.where(known, s0 - q, 0.0)
+    parts["sample_return_s"] = np.where(known, t1 - p, 0.0)
+    if steps is not None:
+        _split_prefill(parts, lc, steps, idx, s0, p, weights)
+    explained = sum(parts[k] for k in PARTS if k != "remainder_s")
+    parts["remainder_s"] = (t1 - t0) - explained
+    frame = pd.DataFrame({"request_id": rr["request_id"].to_numpy(), "ttft_s": (t1 - t0) / NS})
+    frame["client_wait_s"] = (t0 - rr["t_created"].to_numpy()) / NS
+    for k in PARTS:
+        frame[k] = parts[k] / NS
+    total = frame[list(PARTS)].sum(axis=1).to_numpy()
+    ttft = frame["ttft_s"].to_numpy()
+    err = np.abs(total - ttft) / np.where(ttft > 0, ttft, 1.0)
+    return TtftDecomposition(
+        mean=_parts(frame, np.ones(n, dtype=bool)),
+        p50=_parts(frame, _band(ttft, 45, 55)),
+        p99=_parts(frame, _band(ttft, 99, 100)),
+        remainder_share=float(np.abs(frame["remainder_s"]).sum() / ttft.sum()) if n else np.nan,
+        max_sum_error=float(err.max()) if n else np.nan,
+        engine_events=bool(known.any()),
+        step_timeline=steps is not None,
+        per_request=frame,
+    )
+
+
+def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, idx, s0, p, weights) -> None:
+    """Attribute [s0, p] of each request to own compute, others' work, host gaps, cache
+    load and re-queueing after preemption (in place)."""
+    n = len(idx)
+    local = np.full(len(lc.requests), -1, dtype=np.int64)
+    local[idx] = np.arange(n)
+    step_time = steps.busy_between(s0, p)
+    host = np.maximum((p - s0) - step_time, 0.0)
+    first_step = lc.requests["step_engine_first"].to_numpy()
+
+    e = lc.engine
+    code = e["code"].to_numpy()
+    li = local[code]
+    step = e["step"].to_numpy()
+    mine = (li >= 0) & ~np.isnan(step)
+    mine &= step <= np.nan_to_num(first_step[code], nan=-1.0)  # at or before the first token
+    kind = e["kind"].to_numpy()
+
+    # A swap-in copies the request's KV back during the schedule phase of the step that
+    # resumes it: from the step's start to the `resumed` event, nothing else can proceed.
+    cache = np.zeros(n)
+    swap_key, swap_end = np.zeros(0, dtype=np.int64), np.zeros(0)
+    swap = mine & (kind == "resumed") & (e["detail"].to_numpy() == "swap")
+    if swap.any():
+        s_li, s_pos = li[swap], steps.index_of(step[swap])
+        ok = s_pos >= 0
+        s_li, s_pos, s_t = s_li[ok], s_pos[ok], e["t"].to_numpy()[swap][ok]
+        cache = np.bincount(s_li, np.maximum(s_t - steps.start[s_pos], 0.0), minlength=n)
+        order = np.argsort(s_li * len(steps) + s_pos)
+        swap_key, swap_end = (s_li * len(steps) + s_pos)[order], s_t[order]
+
+    chunk = mine & (kind == "prefill_chunk")
+    c_li = li[chunk]
+    pos = steps.index_of(step[chunk])
+    ok = pos >= 0
+    c_li, pos = c_li[ok], pos[ok]
+    tokens = e["num_tokens"].to_numpy()[chunk][ok]
+    lo = np.maximum(steps.start[pos], s0[c_li])
+    if len(swap_key):  # in a swap-in step the chunk computes only after the copy
+        key = c_li * len(steps) + pos
+        at = np.minimum(np.searchsorted(swap_key, key), len(swap_key) - 1)
+        lo = np.where(swap_key[at] == key, np.maximum(lo, swap_end[at]), lo)
+    hi = np.minimum(steps.end[pos], p[c_li])
+    overlap = np.maximum(hi - lo, 0.0)
+    own = np.bincount(c_li, overlap * steps.work_share(pos, tokens, weights), minlength=n)
+
+    requeue_steps, requeue_host = _requeue(lc, steps, local, mine & (kind == "preempted"), n)
+    parts["queue_s"] = parts["queue_s"] + requeue_steps + requeue_host
+    parts["cache_load_s"] = cache
+    parts["prefill_own_s"] = own
+    parts["prefill_others_s"] = np.maximum(step_time - own - cache - requeue_steps, 0.0)
+    parts["host_gap_s"] = np.maximum(host - requeue_host, 0.0)
+
+
+def _requeue(lc: Lifecycle, steps: StepTimeline, local, preempted, n):
+    """Step time and host time a request spent preempted before its first token: from
+    the preemption to the start of the step that took it back."""
+    zero = (np.zeros(n), np.zeros(n))
+    if not preempted.any():
+        return zero
+    e = lc.engine
+    back = e[e["kind"].isin(["scheduled", "resumed"]).to_numpy() & ~np.isnan(e["step"].to_numpy())]
+    left = e[preempted][["code", "t"]].sort_values("t")
+    right = back[["code", "t", "step"]].sort_values("t").rename(columns={"t": "t_back"})
+    joined = pd.merge_asof(
+        left, right, left_on="t", right_on="t_back", by="code", direction="forward"
+    )
+    pos = steps.index_of(joined["step"].to_numpy())
+    ok = pos >= 0
+    a = joined["t"].to_numpy()[ok]
+    b = np.maximum(steps.start[pos[ok]], a)
+    in_steps = steps.busy_between(a, b)
+    li = local[joined["code"].to_numpy()[ok]]
+    return (
+        np.bincount(li, in_steps, minlength=n),
+        np.bincount(li, (b - a) - in_steps, minlength=n),
+    )
+
+
+def _first_known(frame: pd.DataFrame, columns) -> np.ndarray:
+    out = frame[columns[0]].to_numpy().copy()
+    for col in columns[1:]:
+        out = np.where(np.isnan(out), frame[col].to_numpy(), out)
+    return out
+
+
+def _band(values: np.ndarray, lo_q: float, hi_q: float) -> np.ndarray:
+    if len(values) == 0:
+        return np.zeros(0, dtype=bool)
+    lo, hi = np.percentile(values, [lo_q, hi_q])
+    band = (values >= lo) & (values <= hi)
+    if not band.any():
+        mid = np.percentile(values, (lo_q + hi_q) / 2)
+        band[np.argmin(np.abs(values - mid))] = True
+    return band
+
+
+def _parts(frame: pd.DataFrame, mask: np.ndarray) -> TtftParts:
+    sub = frame[mask]
+    means = sub[["ttft_s", "client_wait_s", *PARTS]].mean() if len(sub) else None
+
+    def m(col: str) -> float:
+        return float(means[col]) if means is not None else float("nan")
+
+    return TtftParts(int(mask.sum()), *(m(c) for c in ("ttft_s", "client_wait_s", *PARTS)))

@@ -1,0 +1,86 @@
+"""The serving analyzers on real runs of `perfdiag run` (tiny preset, a few seconds):
+the decompositions add up, Little's law holds in the steady state, and back-pressure is
+detected where a cap throttles the client and only there."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from perfdiag import load_run
+from perfdiag.analyzers.itl import CAUSES
+from perfdiag.analyzers.serving import ServingAnalysis, analyze_serving
+from perfdiag.analyzers.ttft import PARTS
+
+TINY = ("--preset", "tiny", "--prompt-len", "uniform:8:120", "--output-len", "uniform:4:24",
+        "--no-device-sampling", "-q")  # fmt: skip
+
+
+def perfdiag_run(out, *args):
+    cmd = [sys.executable, "-m", "perfdiag", "run", *TINY, *args, "--out", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def uncapped(tmp_path_factory):
+    return perfdiag_run(tmp_path_factory.mktemp("real") / "uncapped", "-n", "48", "--rate", "25")
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    out = tmp_path_factory.mktemp("real") / "capped"
+    return perfdiag_run(out, "-n", "24", "--rate", "100", "-c", "2")
+
+
+@pytest.fixture(scope="module")
+def analysis(uncapped) -> ServingAnalysis:
+    return analyze_serving(load_run(uncapped))
+
+
+def test_ttft_parts_add_up_per_request_and_the_remainder_is_small(analysis):
+    f = analysis.ttft.per_request
+    assert len(f) >= 30
+    total = f[list(PARTS)].sum(axis=1).to_numpy()
+    assert np.all(np.abs(total - f["ttft_s"].to_numpy()) <= 0.01 * f["ttft_s"].to_numpy())
+    share = analysis.ttft.remainder_share
+    print(f"TTFT remainder share: {share:.4%}")
+    assert share < 0.02
+    # every request on the critical path waited, prefilled and came back
+    assert (f["prefill_own_s"] > 0).all() and (f["sample_return_s"] > 0).all()
+
+
+def test_every_itl_gap_is_explained_by_the_steps_it_spanned(analysis):
+    g = analysis.itl.per_gap
+    cols = [f"{c}_s" for c in CAUSES]
+    assert np.allclose(g[cols].sum(axis=1), g["gap_s"], rtol=1e-9, atol=1e-12)
+    assert analysis.itl.remainder_share < 0.02
+    assert analysis.itl.dominant.decode > len(g) / 2  # a tiny CPU model mostly decodes
+
+
+def test_littles_law_holds_in_the_steady_state(analysis):
+    assert analysis.window.steady
+    ll = analysis.load.littles_law
+    print(f"L={ll.client_in_flight:.3f} λW={ll.lambda_w:.3f} engine={ll.engine_in_system:.3f}")
+    assert ll.lambda_w_vs_client <= 0.10
+    assert ll.engine_vs_client <= 0.25  # the engine misses the client's share of the time
+
+
+def test_back_pressure_fires_under_a_cap_and_not_without_one(analysis, capped):
+    assert not analysis.load.back_pressure.fired
+    bp = analyze_serving(load_run(capped)).load.back_pressure
+    assert bp.concurrency_cap == 2 and bp.fired
+    assert bp.blocked_share > 0.3 and bp.blocked_wait_s.p50 > 0
+
+
+def test_analyze_json_on_a_real_run(cli, uncapped):
+    result = cli("analyze", uncapped, "--json", "--slo", "ttft=1,tpot=0.5")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["metrics"]["outcomes"]["requests"] > 0
+    assert data["metrics"]["goodput"]["attainment"] == pytest.approx(1.0)
+    assert data["step_cost"]["steps_fitted"] > 0
+    assert (uncapped / "results" / "metrics.json").exists()

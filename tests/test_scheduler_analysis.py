@@ -1,0 +1,141 @@
+"""Batch composition, the step-cost model, preemption cost, cache hits by tier and
+fairness, on hand-built runs (tests/data/serving_runs.py) and a synthetic step table
+with known costs."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfdiag import load_run
+from perfdiag.analyzers.cache import cache_hits
+from perfdiag.analyzers.fairness import fairness, hotness
+from perfdiag.analyzers.lifecycle import build_lifecycle
+from perfdiag.analyzers.scheduler import composition, fit_step_cost, preemptions
+from perfdiag.analyzers.steptime import StepTimeline, WorkWeights
+from perfdiag.analyzers.ttft import decompose_ttft
+
+_spec = importlib.util.spec_from_file_location(
+    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
+)
+runs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(runs)
+
+MS, US = 1e-3, 1e-6
+# the synthetic engine: 1 ms per step, 20 µs per prefill token, 100 µs per decode
+# sequence, 0.05 µs per context token, 10 µs of noise; three steps stalled by 40 ms
+COST = (1 * MS, 20 * US, 100 * US, 0.05 * US)
+STALLED = (17, 90, 151)
+
+
+def load(path):
+    run = load_run(path)
+    lc = build_lifecycle(run)
+    return run, lc, StepTimeline.from_run(run, lc.origin_ns)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    rows, t = [], 0.0
+    for i in range(200):
+        p = int(rng.choice([0, 0, 0, rng.integers(1, 512)]))
+        d = int(rng.integers(0, 32))
+        c = int(rng.integers(0, 20000))
+        dur = COST[0] + COST[1] * p + COST[2] * d + COST[3] * c + rng.normal(0, 10 * US)
+        dur += 40 * MS * (i in STALLED)
+        rows.append(runs.step(i, t / MS, (t + dur) / MS, pf_seqs=int(p > 0), pf_tokens=p,
+                              decode=d, context=c))  # fmt: skip
+        t += dur + 0.2 * MS
+    path = runs.write(tmp_path_factory.mktemp("sched") / "synthetic", [], [], rows)
+    return composition(StepTimeline.from_run(load_run(path), runs.T0))
+
+
+def test_the_cost_model_recovers_known_costs_and_flags_stalled_steps(synthetic):
+    cost = fit_step_cost(synthetic)
+    assert cost.fixed_s == pytest.approx(COST[0], rel=0.05)
+    assert cost.per_prefill_token_s == pytest.approx(COST[1], rel=0.05)
+    assert cost.per_decode_seq_s == pytest.approx(COST[2], rel=0.05)
+    assert cost.per_context_token_s == pytest.approx(COST[3], rel=0.1)
+    assert cost.r2 > 0.99 and cost.trusted
+    assert sorted(cost.outlier_steps["step_id"]) == list(STALLED)
+    assert cost.outliers == 3 and cost.steps_fitted == 197
+    assert (cost.outlier_steps["dur_s"] - cost.outlier_steps["predicted_s"]).min() > 35 * MS
+    assert cost.weights() == WorkWeights(cost.per_prefill_token_s, cost.per_decode_seq_s)
+
+
+def test_too_few_steps_give_no_model(tmp_path):
+    _, _, steps = load(runs.basic(tmp_path / "basic"))
+    assert fit_step_cost(composition(steps)) is None
+
+
+def test_batch_composition(tmp_path):
+    _, _, steps = load(runs.basic(tmp_path / "basic"))
+    c = composition(steps)
+    assert (c.steps, c.prefill_only, c.mixed, c.decode_only) == (4, 1, 1, 2)
+    assert c.mean_batch_seqs == pytest.approx((1 + 2 + 2 + 2) / 4)
+    assert c.mean_prefill_tokens == pytest.approx((10 + 3) / 2)
+    assert c.busy_s == pytest.approx((8 + 3 + 2 + 2) * MS)
+    assert list(c.per_step["kind"]) == ["prefill", "mixed", "decode", "decode"]
+
+
+def test_preemptions_and_what_they_cost(tmp_path, synthetic):
+    _, lc, steps = load(runs.preempt(tmp_path / "pre"))
+    cost = fit_step_cost(synthetic)
+    p = preemptions(lc, steps, cost)
+    assert (p.count, p.recompute, p.swap) == (2, 1, 1)
+    # D had computed 33 tokens; 32 were still cached when it came back: 1 recomputed
+    assert p.recomputed_tokens == 1
+    assert p.recompute_cost_s == pytest.approx(cost.per_prefill_token_s)
+    assert p.swapped_tokens == 4  # F's first chunk, copied out and back
+    assert p.waiting_s == pytest.approx(2 * 1.9 * MS)  # both preempted at 8.1, back at 10
+    row = p.per_preemption.set_index("request_id").loc["D"]
+    assert row["cache_hits_on_return"] == 32 and row["mode"] == "recompute"
+
+
+def test_cache_hits_by_tier_and_the_compute_they_saved(tmp_path, synthetic):
+    _, lc, _ = load(runs.preempt(tmp_path / "pre"))
+    cost = fit_step_cost(synthetic)
+    c = cache_hits(lc, cost, busy_s=7 * MS)
+    tiers = {t.tier: t for t in c.tiers}
+    assert tiers["device"].hit_tokens == 32 and tiers["device"].events == 1
+    assert tiers["swap"].hit_tokens == 4 and tiers["swap"].events == 1
+    assert c.first_admission_hit_tokens == 0 and c.recompute_hit_tokens == 32
+    assert c.prompt_tokens == 40 and c.hit_rate == 0
+    assert c.saved_s == pytest.approx(36 * cost.per_prefill_token_s)
+    assert c.saved_share == pytest.approx(c.saved_s / (7 * MS + c.saved_s))
+    assert np.isnan(cache_hits(lc, None, 7 * MS).saved_s)  # no model, no price
+
+
+def test_hotness_classes():
+    groups = np.array([0, 0, 0, 0, 1, 1, 2, 3, np.nan])
+    # group 0 alone holds half of the grouped requests: hot; the rest cold
+    assert list(hotness(groups)) == ["hot"] * 4 + ["cold"] * 4 + ["none"]
+
+
+def test_fairness_compares_queue_waits_of_hot_and_cold_prefixes(tmp_path):
+    # four requests tokenised at 0; each admitted by its own step: hot ones by steps
+    # starting at 1, 2, 3 ms, the cold one by a step starting at 10 ms
+    requests, events, steps = [], [], []
+    for i, (rid, group, start) in enumerate([("h1", 0, 1), ("h2", 0, 2), ("h3", 0, 3),
+                                             ("c1", 1, 10)]):  # fmt: skip
+        requests.append(runs.Request(rid, 4, 1, 0, "stop", prefix_group=group))
+        events += [
+            runs.client(rid, "sent", 0), runs.engine(rid, "tokenize_end", 0),
+            runs.engine(rid, "scheduled", start + 0.1, step=i, tokens=4, cached=0),
+            runs.engine(rid, "prefill_chunk", start + 0.5, step=i, tokens=4),
+            runs.engine(rid, "first_token", start + 0.5, step=i, tokens=1),
+            runs.client(rid, "first_token", start + 1), runs.client(rid, "chunk", start + 1, 1),
+            runs.client(rid, "done", start + 1, 1),
+        ]  # fmt: skip
+        steps.append(runs.step(i, start, start + 0.6, pf_seqs=1, pf_tokens=4, context=4))
+    _, lc, st = load(runs.write(tmp_path / "fair", requests, events, steps))
+    select = np.ones(len(lc.requests), dtype=bool)
+    f = fairness(lc, decompose_ttft(lc, st, select).per_request, select)
+    classes = {c.hotness: c for c in f.classes}
+    assert classes["hot"].requests == 3 and classes["hot"].groups == 1
+    assert classes["hot"].queue_wait_s.p50 == pytest.approx(2 * MS)
+    assert classes["cold"].queue_wait_s.max == pytest.approx(10 * MS)
+    assert f.cold_over_hot_p50 == pytest.approx(5.0)
+    assert list(f.longest["request_id"]) == ["c1", "h3", "h2", "h1"]
