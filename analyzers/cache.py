@@ -44,8 +44,7 @@ class CacheAnalysis:
 
 def cache_hits(lc: Lifecycle, cost: StepCostModel | None, busy_s: float) -> CacheAnalysis:
     e = lc.engine
-    kind = e["kind"].to_numpy()
-    sched = e[kind == "scheduled"]
+    sched = e[(e["kind"] == "scheduled").to_numpy()]
     code = sched["code"].to_numpy()
     hits = np.nan_to_num(sched["num_cached"].to_numpy())
     t = sched["t"].to_numpy()
@@ -78,9 +77,9 @@ def cache_hits(lc: Lifecycle, cost: StepCostModel | None, busy_s: float) -> Cach
 def _swap_restores(lc: Lifecycle) -> tuple[int, int]:
     """Tokens restored by swap-ins: what the request had computed when swapped out."""
     e = lc.engine
-    kind, detail = e["kind"].to_numpy(), e["detail"].to_numpy()
-    out = e[(kind == "preempted") & (detail == "swap")]
-    back = e[(kind == "resumed") & (detail == "swap")]
+    swap = (e["detail"] == "swap").to_numpy()
+    out = e[(e["kind"] == "preempted").to_numpy() & swap]
+    back = e[(e["kind"] == "resumed").to_numpy() & swap]
     if len(out) == 0 or len(back) == 0:
         return 0, 0
     # Each swap-in restores the latest swap-out of the same request before it.

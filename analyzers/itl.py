@@ -100,8 +100,10 @@ def attribute_itl(
                           "tokens": g["tokens"].to_numpy(), "gap_s": gap / NS})  # fmt: skip
     for c in _COLS:
         frame[c] = parts[c] / NS
-    frame["dominant"] = np.array(CAUSES)[np.argmax(frame[list(_COLS)].to_numpy(), axis=1)]
-    frame.insert(0, "request_id", lc.requests["request_id"].to_numpy()[frame["code"]])
+    biggest = np.argmax(frame[list(_COLS)].to_numpy(), axis=1)
+    frame["dominant"] = pd.Categorical.from_codes(biggest, categories=CAUSES)
+    ids = pd.Index(lc.requests["request_id"].to_numpy(dtype=object))
+    frame.insert(0, "request_id", pd.Categorical.from_codes(frame["code"], categories=ids))
     gap_s = frame["gap_s"].to_numpy()
     tail = gap_s >= np.percentile(gap_s, 99) if n else np.zeros(0, dtype=bool)
     return ItlAttribution(

@@ -66,15 +66,13 @@ def build_lifecycle(run: Run) -> Lifecycle | Missing:
     if len(req) == 0 and len(ev) == 0:
         return Missing("lifecycle", ("requests", "request_events"))
     origin = _origin(ev, run.steps)
-    ids = pd.concat([req["request_id"].astype(str), ev["request_id"].astype(str)])
-    codes, uniques = pd.factorize(ids.to_numpy())
+    ev_code, req_code, uniques = _codes(ev["request_id"], req["request_id"])
     n = len(uniques)
-    req_code, ev_code = codes[: len(req)], codes[len(req) :]
     t = (ev["ts_ns"].to_numpy(np.int64) - origin).astype(np.float64)
     kind = ev["kind"].astype("category")
     kcode = kind.cat.codes.to_numpy()
     kind_cats = list(kind.cat.categories)
-    client = (ev["side"].astype(str) == "client").to_numpy()
+    client = (ev["side"] == "client").to_numpy(dtype=bool, na_value=False)
 
     def mask(name: str, on_client: bool) -> np.ndarray:
         if name not in kind_cats:
@@ -115,29 +113,36 @@ def build_lifecycle(run: Run) -> Lifecycle | Missing:
     keep = np.zeros(len(ev), dtype=bool)
     for name in ENGINE_KINDS:
         keep |= mask(name, False)
+    to_engine = np.array([ENGINE_KINDS.index(k) if k in ENGINE_KINDS else -1 for k in kind_cats])
     engine = pd.DataFrame(
         {
             "code": ev_code[keep],
-            "kind": kind[keep].astype(str).to_numpy(),
+            # categoricals: comparing 1M rows to a kind is a comparison of small ints
+            "kind": pd.Categorical.from_codes(to_engine[kcode[keep]], categories=ENGINE_KINDS),
             "t": t[keep],
             "step": steps[keep],
             "num_tokens": ev["num_tokens"].to_numpy(dtype="float64", na_value=np.nan)[keep],
             "num_cached": ev["num_cached_tokens"].to_numpy("float64", na_value=np.nan)[keep],
-            "detail": ev["detail"].astype(str).to_numpy()[keep],
+            "detail": _categorical(ev["detail"][keep]),
         }
     )
     return Lifecycle(int(origin), basis, out, deliveries, engine)
 
 
-def rel_ns(values: pd.Series, origin: int) -> np.ndarray:
-    """Absolute int64 ns → float64 ns relative to `origin` (exact; NaN where null)."""
-    arr = values.to_numpy(dtype="float64", na_value=np.nan) if values.hasnans else None
-    if arr is None:
-        return (values.to_numpy(np.int64) - origin).astype(np.float64)
-    filled = values.fillna(origin).to_numpy(np.int64)
-    out = (filled - origin).astype(np.float64)
-    out[np.isnan(arr)] = np.nan
-    return out
+def _codes(ev_ids: pd.Series, req_ids: pd.Series):
+    """Dense request codes for events and requests (factorised once, on Arrow strings)."""
+    ev_code, ev_uniques = pd.factorize(ev_ids)
+    ev_uniques = pd.Index(ev_uniques, dtype="string")
+    req_code = ev_uniques.get_indexer(req_ids.astype("string"))
+    new = req_code < 0  # requests with no events at all
+    req_code[new] = len(ev_uniques) + np.arange(int(new.sum()))
+    uniques = ev_uniques.append(pd.Index(req_ids[new].astype("string"), dtype="string"))
+    return ev_code, req_code, uniques.to_numpy(dtype=object)
+
+
+def _categorical(values: pd.Series) -> pd.Categorical:
+    codes, uniques = pd.factorize(values)  # on Arrow strings: a dictionary encoding
+    return pd.Categorical.from_codes(codes, categories=pd.Index(uniques, dtype=object))
 
 
 def _origin(ev: pd.DataFrame, steps: pd.DataFrame) -> int:
@@ -190,7 +195,7 @@ def _first_with(n, code, t, values, mask) -> tuple[np.ndarray, np.ndarray]:
 
 def _outcome_from_engine(out: pd.DataFrame, ev, code, finished: np.ndarray) -> None:
     """Requests with no `requests` row: take the outcome from the engine's `finished`."""
-    detail = ev["detail"].astype(str).to_numpy()[finished]
+    detail = ev["detail"][finished].fillna("").astype(str).to_numpy()
     reason = np.where(pd.Series(detail).str.startswith("rejected").to_numpy(), "rejected", detail)
     mapped = pd.Series(reason, dtype=object).map(OUTCOME_OF_REASON).to_numpy()
     unfinished = out["outcome"].to_numpy() == "unfinished"

@@ -163,8 +163,8 @@ def preemptions(
     e = lc.engine
     pre = e[(e["kind"] == "preempted").to_numpy()][["code", "t", "step", "num_tokens", "detail"]]
     # Taken back: re-admitted (a `scheduled` event, with its cache hits) or swapped in.
-    kind, detail = e["kind"].to_numpy(), e["detail"].to_numpy()
-    back = e[(kind == "scheduled") | ((kind == "resumed") & (detail == "swap"))]
+    swap_in = (e["kind"] == "resumed").to_numpy() & (e["detail"] == "swap").to_numpy()
+    back = e[(e["kind"] == "scheduled").to_numpy() | swap_in]
     back = back[["code", "t", "step", "num_cached"]].rename(
         columns={"t": "t_back", "step": "step_back", "num_cached": "hits"}
     )
@@ -184,7 +184,7 @@ def preemptions(
         {
             "request_id": lc.requests["request_id"].to_numpy()[joined["code"].to_numpy()],
             "step_id": joined["step"].to_numpy(),
-            "mode": joined["detail"].to_numpy(),
+            "mode": joined["detail"].astype(object).to_numpy(),
             "computed_tokens": lost,
             "cache_hits_on_return": np.where(is_swap, np.nan, hits),
             "recomputed_tokens": recomputed,

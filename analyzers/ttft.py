@@ -135,13 +135,15 @@ def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, idx, s0, p, weight
     step = e["step"].to_numpy()
     mine = (li >= 0) & ~np.isnan(step)
     mine &= step <= np.nan_to_num(first_step[code], nan=-1.0)  # at or before the first token
-    kind = e["kind"].to_numpy()
+
+    def kind(name: str) -> np.ndarray:
+        return (e["kind"] == name).to_numpy()
 
     # A swap-in copies the request's KV back during the schedule phase of the step that
     # resumes it: from the step's start to the `resumed` event, nothing else can proceed.
     cache = np.zeros(n)
     swap_key, swap_end = np.zeros(0, dtype=np.int64), np.zeros(0)
-    swap = mine & (kind == "resumed") & (e["detail"].to_numpy() == "swap")
+    swap = mine & kind("resumed") & (e["detail"] == "swap").to_numpy()
     if swap.any():
         s_li, s_pos = li[swap], steps.index_of(step[swap])
         ok = s_pos >= 0
@@ -150,7 +152,7 @@ def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, idx, s0, p, weight
         order = np.argsort(s_li * len(steps) + s_pos)
         swap_key, swap_end = (s_li * len(steps) + s_pos)[order], s_t[order]
 
-    chunk = mine & (kind == "prefill_chunk")
+    chunk = mine & kind("prefill_chunk")
     c_li = li[chunk]
     pos = steps.index_of(step[chunk])
     ok = pos >= 0
@@ -165,7 +167,7 @@ def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, idx, s0, p, weight
     overlap = np.maximum(hi - lo, 0.0)
     own = np.bincount(c_li, overlap * steps.work_share(pos, tokens, weights), minlength=n)
 
-    requeue_steps, requeue_host = _requeue(lc, steps, local, mine & (kind == "preempted"), n)
+    requeue_steps, requeue_host = _requeue(lc, steps, local, mine & kind("preempted"), n)
     parts["queue_s"] = parts["queue_s"] + requeue_steps + requeue_host
     parts["cache_load_s"] = cache
     parts["prefill_own_s"] = own
