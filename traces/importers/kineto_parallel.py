@@ -62,8 +62,9 @@ def plan_workers(path: Path, jobs: int | None) -> int:
     if jobs is not None and jobs <= 1:
         return 1
     chars = text_size_estimate(path)
-    # By default leave one core to the importing process, which writes what workers read.
-    most = jobs or min(max((os.cpu_count() or 1) - 1, 1), 4)
+    # The importing process only unpickles and writes (a fifth of the work): by default
+    # one worker per core, at most 4 (more rarely pays: the text is read by each).
+    most = jobs or min(os.cpu_count() or 1, 4)
     return max(1, min(most, chars // MIN_CHARS_PER_WORKER))
 
 
