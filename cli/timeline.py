@@ -21,6 +21,10 @@ def _us(ns) -> str:
     return "" if ns is None or ns != ns else f"{ns / 1e3:,.1f}"
 
 
+def _rank(key) -> str:
+    return "-" if key == -1 else str(key)  # -1: the run has no rank
+
+
 def _records(frame) -> list[dict]:
     return json.loads(frame.to_json(orient="records")) if len(frame) else []
 
@@ -57,7 +61,7 @@ def timeline(
     shown = b.head(max_windows)
     for _, row in shown.iterrows():
         t.add_row(
-            str(row["rank_key"]),
+            _rank(row["rank_key"]),
             str(row["name"]),
             _ms(row["wall_ns"]),
             *[_ms(row[p]) for p in parts],
@@ -73,7 +77,7 @@ def timeline(
     )
     for _, row in r.iterrows():
         t.add_row(
-            str(row["rank_key"]),
+            _rank(row["rank_key"]),
             row["resource"],
             row["kind"],
             _ms(row["busy_ns"]),
@@ -105,7 +109,7 @@ def timeline(
                 "exposed_copy_ns",
                 "exposed_comm_ns",
             ]
-            t.add_row(str(rank), *[_ms(g[c].sum()) for c in cols])
+            t.add_row(_rank(rank), *[_ms(g[c].sum()) for c in cols])
         out.print(t)
     gs = rep.gap_summary
     if len(gs):
@@ -121,7 +125,7 @@ def timeline(
         )
         for _, row in gs.iterrows():
             t.add_row(
-                str(row["rank_key"]),
+                _rank(row["rank_key"]),
                 row["cause"],
                 f"{row['gaps']:,}",
                 _ms(row["total_ns"]),
