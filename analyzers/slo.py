@@ -24,7 +24,7 @@ import yaml
 from ..errors import ConfigError
 
 TARGETS = ("ttft", "tpot", "itl", "e2e")
-_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+_PER_SECOND = {"": 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divide: 200us is 0.0002
 _VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us|µs)?\s*$")
 
 
@@ -86,7 +86,7 @@ def _seconds(raw, where: str, name: str) -> float:
     match = _VALUE.match(str(raw))
     if not match:
         raise ConfigError(f"{where}: {name}={raw!r} is not a time (e.g. 0.5, 500ms)")
-    return float(match.group(1)) * _UNITS[match.group(2) or ""]
+    return float(match.group(1)) / _PER_SECOND[match.group(2) or ""]
 
 
 def judge(slo: Slo, per_request: pd.DataFrame) -> pd.DataFrame:

@@ -11,8 +11,9 @@ import pytest
 from perfdiag import load_run
 from perfdiag.analyzers.lifecycle import build_lifecycle
 from perfdiag.analyzers.metrics import serving_metrics
-from perfdiag.analyzers.slo import Slo
+from perfdiag.analyzers.slo import Slo, load_slo_file, parse_slo
 from perfdiag.analyzers.steady_state import find_window
+from perfdiag.errors import ConfigError
 
 _spec = importlib.util.spec_from_file_location(
     "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
@@ -151,3 +152,17 @@ def test_engine_only_run_uses_the_engine_view(tmp_path):
     m = serving_metrics(lc, find_window(lc.requests, lc.origin_ns, steady=False))
     pr = m.per_request.set_index("request_id")
     assert pr.loc["A", "ttft_s"] == approx((39.5 - 1.5) * MS)  # arrival → first token sampled
+
+
+def test_slo_parsing(tmp_path):
+    assert parse_slo("ttft=0.5,tpot=50ms") == Slo(ttft_s=0.5, tpot_s=0.05)
+    assert parse_slo(" itl = 200us , e2e=2s ") == Slo(itl_s=200e-6, e2e_s=2.0)
+    path = tmp_path / "slo.yaml"
+    path.write_text("ttft_s: 0.25\nE2E: 3\n")
+    assert load_slo_file(path) == Slo(ttft_s=0.25, e2e_s=3.0)
+    for bad in ("ttft", "ttft=-1", "ttft=soon", "speed=1", ""):
+        with pytest.raises(ConfigError):
+            parse_slo(bad)
+    path.write_text("- ttft\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_slo_file(path)
