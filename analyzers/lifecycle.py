@@ -34,7 +34,8 @@ OUTCOME_OF_REASON = {
 OUTCOMES = ("ok", "cancelled", "timeout", "rejected", "error", "unfinished")
 CLIENT_TIMES = ("scheduled_send", "created", "sent", "first_token", "done")
 ENGINE_TIMES = ("arrival", "tokenize_end", "queued", "finished")
-ENGINE_KINDS = ("scheduled", "prefill_chunk", "first_token", "token", "preempted", "resumed")
+ENGINE_KINDS = ("scheduled", "prefill_chunk", "first_token", "token", "preempted", "resumed",
+                "finished")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ def load_checks(
         offered=_offered(r, arrival),
         back_pressure=_back_pressure(r, arrival, curve),
         in_flight=in_flight,
-        littles_law=_little(sent, done, curve, window, steps),
+        littles_law=_little(lc, sent, done, curve, window, steps),
         saturation=_saturation(sent, done, window, steps),
     )
 
@@ -177,7 +177,7 @@ def _back_pressure(r: pd.DataFrame, arrival: dict, curve: Concurrency) -> BackPr
     )
 
 
-def _little(sent, done, curve: Concurrency, window: Window, steps) -> LittlesLaw:
+def _little(lc, sent, done, curve: Concurrency, window: Window, steps) -> LittlesLaw:
     a, b = window.t_start, window.t_end
     dur = (b - a) / NS
     inside = (sent >= a) & (sent <= b)
@@ -185,7 +185,7 @@ def _little(sent, done, curve: Concurrency, window: Window, steps) -> LittlesLaw
     times = (done - sent)[inside]
     w = float(np.nanmean(times) / NS) if (~np.isnan(times)).any() else np.nan
     big_l = curve.mean(a, b)
-    engine = _engine_in_system(steps, a, b) if steps is not None else np.nan
+    engine = _engine_in_system(steps, lc, a, b) if steps is not None else np.nan
     lw = lam * w
     return LittlesLaw(
         window_s=dur,
@@ -200,22 +200,23 @@ def _little(sent, done, curve: Concurrency, window: Window, steps) -> LittlesLaw
     )
 
 
-def _engine_in_system(steps: StepTimeline, a: float, b: float) -> float:
-    """Time-weighted running + waiting (+ swapped): each step's counts hold until the
-    next step begins; after a long pause (the engine idle, nothing to do) they drop to 0."""
-    if b <= a or len(steps) == 0:
+def _engine_in_system(steps: StepTimeline, lc: Lifecycle, a: float, b: float) -> float:
+    """Time-weighted running + waiting (+ swapped). A step's counts (taken after its
+    scheduling) hold while it runs; in the gap after it, less the requests that finished
+    in it — so an idle engine counts 0, with no guess at what a pause means."""
+    value = steps.in_system
+    if b <= a or len(steps) == 0 or np.isnan(value).all():
         return float("nan")
+    e = lc.engine
+    fin = e[(e["kind"] == "finished").to_numpy()]
+    pos = steps.index_of(fin["step"].to_numpy())
+    finished = np.bincount(pos[pos >= 0], minlength=len(steps)).astype(np.float64)
     start, end = steps.start, steps.end
     nxt = np.append(start[1:], max(end[-1], b))
-    pause = nxt - end
-    typical = np.median(pause) if len(pause) else 0.0
-    hold_until = np.where(pause > 10 * max(typical, 1.0), end + typical, nxt)
-    lo, hi = np.clip(start, a, b), np.clip(hold_until, a, b)
-    value = steps.in_system
+    during = (np.clip(end, a, b) - np.clip(start, a, b)) * value
+    after = (np.clip(nxt, a, b) - np.clip(end, a, b)) * np.maximum(value - finished, 0.0)
     ok = ~np.isnan(value)
-    if not ok.any():
-        return float("nan")
-    return float((value[ok] * (hi - lo)[ok]).sum() / (b - a))
+    return float((during[ok] + after[ok]).sum() / (b - a))
 
 
 def _saturation(sent, done, window: Window, steps) -> Saturation:

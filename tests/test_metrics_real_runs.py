@@ -66,7 +66,9 @@ def test_littles_law_holds_in_the_steady_state(analysis):
     ll = analysis.load.littles_law
     print(f"L={ll.client_in_flight:.3f} λW={ll.lambda_w:.3f} engine={ll.engine_in_system:.3f}")
     assert ll.lambda_w_vs_client <= 0.10
-    assert ll.engine_vs_client <= 0.25  # the engine misses the client's share of the time
+    # the engine holds a subset of what the client has in flight (not the hand-off and
+    # stream-out), a share that grows when the machine is busy
+    assert 0.5 * ll.client_in_flight <= ll.engine_in_system <= 1.1 * ll.client_in_flight
 
 
 def test_back_pressure_fires_under_a_cap_and_not_without_one(analysis, capped):
