@@ -234,7 +234,7 @@ def _load(load) -> None:
         f"{_num(o.planned_rate_rps)} / {_num(o.offered_rate_rps)} req/s"
         f" ({_pct(o.offered_vs_target)} of target)",
     )
-    t.add_row("client fell behind its schedule", _yes(o.under_delivered))
+    t.add_row("offered below 90% of the plan", _yes(o.under_delivered))
     t.add_row(
         "lateness p50 / p99 / max (ms)",
         f"{_ms(o.lateness_s.p50)} / {_ms(o.lateness_s.p99)} / {_ms(o.lateness_s.max)}"
