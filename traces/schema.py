@@ -65,7 +65,7 @@ class Step(NamedTuple):
     num_prefill_tokens: int = 0
     num_decode_seqs: int = 0
     num_context_tokens: int = 0  # KV tokens attended to, summed over the batch
-    num_waiting: int | None = None  # queue depths when the step began
+    num_waiting: int | None = None  # queue depths after scheduling (what the forward ran in)
     num_running: int | None = None
     num_swapped: int | None = None
     num_preempted: int | None = None  # sequences preempted while scheduling this step
