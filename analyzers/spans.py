@@ -42,8 +42,7 @@ NONE = len(CLASSES)  # the code of spans that occupy no resource
 
 
 def timeline_spans(run: Run) -> pd.DataFrame:
-    table = run.tables["spans"]
-    return prepare(to_frame("spans", table.select([c for c in COLUMNS if c in table.column_names])))
+    return prepare(to_frame("spans", run.arrow("spans", list(COLUMNS))))
 
 
 def prepare(spans: pd.DataFrame) -> pd.DataFrame:

@@ -38,22 +38,75 @@ _TIME_COLUMNS = {
 }
 
 
+class TableSource:
+    """Where one table's rows come from. Parquet is read on first use, and only the
+    columns asked for (a trace's `args` text is most of its bytes); a stream was read
+    whole when the run loaded (it has no index to read columns from)."""
+
+    def __init__(self, name: str, *, parquet: Path | None = None, table: pa.Table | None = None,
+                 schema_version: int = SCHEMA_VERSION):  # fmt: skip
+        self.name, self.parquet, self._table = name, parquet, table
+        self._version = schema_version
+        self.num_rows = table.num_rows if table is not None else 0
+        self._file_columns: list[str] = []
+        if parquet is not None:
+            try:
+                meta = pq.read_metadata(parquet)
+            except (pa.ArrowException, OSError) as e:
+                raise RunFormatError(f"{_rel(parquet)} is corrupt or truncated "
+                                     f"({_first_line(e)})") from None  # fmt: skip
+            self.num_rows = meta.num_rows
+            self._file_columns = list(meta.schema.to_arrow_schema().names)
+
+    def read(self, columns: list[str] | None = None) -> pa.Table:
+        """The table (conformed to the current schema), or just `columns` of it."""
+        if self._table is None and columns is None:
+            self._table = self._load(None)
+        if self._table is not None:
+            full = self._table
+            return (
+                full
+                if columns is None
+                else full.select([c for c in columns if c in full.column_names])
+            )
+        return self._load(columns)
+
+    def _load(self, columns: list[str] | None) -> pa.Table:
+        if self.parquet is None:
+            table = SCHEMAS[self.name].empty_table()
+        else:
+            wanted = None if columns is None else [c for c in columns if c in self._file_columns]
+            dictionary = [c for c in CATEGORICAL[self.name] if c in self._file_columns]
+            try:
+                table = pq.read_table(self.parquet, columns=wanted, read_dictionary=dictionary)
+            except (pa.ArrowException, OSError) as e:
+                raise RunFormatError(f"{_rel(self.parquet)} is corrupt or truncated "
+                                     f"({_first_line(e)})") from None  # fmt: skip
+        for version in range(self._version, SCHEMA_VERSION):
+            table = _UPGRADES[version](self.name, table)
+        return conform(self.name, table, columns)
+
+
 @dataclass
 class Run:
     path: Path
     manifest: Manifest
     status: str  # the manifest's, or "crashed" when it says running and no writer lives
-    tables: dict[str, pa.Table]
+    sources: dict[str, TableSource]
     missing_tables: list[str]  # tables the run has no file for (read as empty)
     warnings: list[str] = field(default_factory=list)
     _frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
 
+    def arrow(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        """The table as Arrow; with `columns`, only those are read (from Parquet)."""
+        if name not in self.sources:
+            raise RunFormatError(f"unknown table {name!r}; tables: {', '.join(self.sources)}")
+        return self.sources[name].read(columns)
+
     def table(self, name: str) -> pd.DataFrame:
         """The table as a DataFrame with stable dtypes (int64 / Int64 / category / string)."""
-        if name not in self.tables:
-            raise RunFormatError(f"unknown table {name!r}; tables: {', '.join(self.tables)}")
         if name not in self._frames:
-            self._frames[name] = to_frame(name, self.tables[name])
+            self._frames[name] = to_frame(name, self.arrow(name))
         return self._frames[name]
 
     @property
@@ -77,15 +130,15 @@ class Run:
         return self.table("counters")
 
     def row_counts(self) -> dict[str, int]:
-        return {name: t.num_rows for name, t in self.tables.items()}
+        return {name: source.num_rows for name, source in self.sources.items()}
 
     def time_span_ns(self) -> tuple[int, int] | None:
         """(first, last) timestamp over every table, on the run's monotonic clock."""
         lo, hi = [], []
         for name, (start, end, dur) in _TIME_COLUMNS.items():
-            t = self.tables[name]
-            if t.num_rows == 0:
+            if self.sources[name].num_rows == 0:
                 continue
+            t = self.arrow(name, [c for c in (start, end, dur) if c])
             bounds = pc.min_max(t[start])
             if bounds["min"].is_valid:
                 lo.append(bounds["min"].as_py())
@@ -101,27 +154,28 @@ class Run:
 
 
 def load_run(path: str | os.PathLike) -> Run:
-    """Open the run at `path`; raise a RunFormatError subclass if it cannot be read."""
+    """Open the run at `path`; raise a RunFormatError subclass if it cannot be read.
+
+    Every table file is checked now (a Parquet footer, a whole stream); Parquet data is
+    read when a table is first used."""
     path = Path(path)
     manifest = read_manifest(path)
     status = manifest.status
     if status == RUNNING and not writer_alive(path):
         status = CRASHED
     tolerate = status not in FINAL_STATUSES
-    tables, missing, notes = {}, [], []
+    sources, missing, notes = {}, [], []
     for name in ROW_TYPES:
-        table, note = _read_table(path, name, tolerate_truncation=tolerate)
-        if table is None:
+        source, note = _open_table(path, name, manifest.schema_version, tolerate)
+        if source is None:
             missing.append(name)
-            table = SCHEMAS[name].empty_table()
+            source = TableSource(name, table=SCHEMAS[name].empty_table())
         if note:
             notes.append(note)
-        for version in range(manifest.schema_version, SCHEMA_VERSION):
-            table = _UPGRADES[version](name, table)
-        tables[name] = conform(name, table)
+        sources[name] = source
     if status == CRASHED:
         notes.insert(0, "the writer stopped without closing the run: it holds what was flushed")
-    return Run(path, manifest, status, tables, missing, notes)
+    return Run(path, manifest, status, sources, missing, notes)
 
 
 def writer_alive(run_dir: Path) -> bool:
@@ -144,24 +198,24 @@ def writer_alive(run_dir: Path) -> bool:
         os.close(fd)
 
 
-def _read_table(run_dir: Path, name: str, *, tolerate_truncation: bool):
+def _open_table(run_dir: Path, name: str, version: int, tolerate: bool):
     parquet, stream = parquet_path(run_dir, name), stream_path(run_dir, name)
-    rel = f"{parquet.parent.name}/{parquet.name}"
     if parquet.exists():
-        try:
-            # Low-cardinality text as dictionaries: they become Categoricals without a copy.
-            names = pq.read_schema(parquet).names
-            dictionary = [c for c in CATEGORICAL[name] if c in names]
-            return pq.read_table(parquet, read_dictionary=dictionary), None
-        except (pa.ArrowException, OSError) as e:
-            raise RunFormatError(f"{rel} is corrupt or truncated ({_first_line(e)})") from None
+        return TableSource(name, parquet=parquet, schema_version=version), None
     if stream.exists():
-        contents = read_stream(stream, SCHEMAS[name], tolerate_truncation=tolerate_truncation)
+        contents = read_stream(stream, SCHEMAS[name], tolerate_truncation=tolerate)
+        table = contents.table
+        for v in range(version, SCHEMA_VERSION):
+            table = _UPGRADES[v](name, table)
         note = None
         if contents.truncated:
             note = f"{name}: ignored an incomplete last batch (the writer was killed mid-write)"
-        return contents.table, note
+        return TableSource(name, table=conform(name, table)), note
     return None, None
+
+
+def _rel(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
 
 
 def _first_line(e: BaseException) -> str:
@@ -169,12 +223,14 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def conform(name: str, table: pa.Table) -> pa.Table:
+def conform(name: str, table: pa.Table, only: list[str] | None = None) -> pa.Table:
     """Match `table` to the current schema: fill absent nullable columns, cast types,
-    keep unknown extra columns last. A missing required column is an error."""
+    keep unknown extra columns last. A missing required column is an error. With `only`,
+    just those columns, in that order."""
     schema = SCHEMAS[name]
     columns, fields = [], []
-    for f in schema:
+    wanted = schema if only is None else [schema.field(c) for c in only if c in schema.names]
+    for f in wanted:
         if f.name in table.column_names:
             col = table[f.name]
             base = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
@@ -195,7 +251,7 @@ def conform(name: str, table: pa.Table) -> pa.Table:
         else:
             raise RunFormatError(f"table {name} lacks the required column {f.name}")
     for extra in table.column_names:
-        if extra not in schema.names:
+        if extra not in schema.names and (only is None or extra in only):
             columns.append(table[extra])
             fields.append(table.schema.field(extra))
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))

@@ -95,18 +95,34 @@ class TableAppender:
 
     def flush(self) -> None:
         with self._io_lock:
-            rows = self._rows
-            n = len(rows)
-            chunk = rows[:n]
-            del rows[:n]  # rows appended since len() stay, at the front
-            self._last_write = time.monotonic()
-            if not chunk:
-                return
-            batch = self._to_batch(chunk)
-            if batch.num_rows:
-                self._stream.write_batch(batch)
-                self._file.flush()
-                self.rows_written += batch.num_rows
+            self._flush_locked()
+
+    def append_batch(self, batch: pa.RecordBatch) -> None:
+        """Write rows already converted to Arrow (by `rows_to_batch`, say in a worker
+        process), after any buffered rows so the table keeps append order."""
+        if batch.schema != self.schema:
+            try:
+                batch = batch.cast(self.schema)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
+                raise RunFormatError(f"a batch for table {self.name} does not fit: {e}") from None
+        with self._io_lock:
+            self._flush_locked()
+            self._write(batch)
+
+    def _flush_locked(self) -> None:
+        rows = self._rows
+        n = len(rows)
+        chunk = rows[:n]
+        del rows[:n]  # rows appended since len() stay, at the front
+        self._last_write = time.monotonic()
+        if chunk:
+            self._write(self._to_batch(chunk))
+
+    def _write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self._stream.write_batch(batch)
+            self._file.flush()
+            self.rows_written += batch.num_rows
 
     def close(self) -> None:
         self.flush()
@@ -133,6 +149,12 @@ class TableAppender:
         return (
             _rows_to_batch(good, self.schema) if good else self.schema.empty_table().to_batches()[0]
         )
+
+
+def rows_to_batch(rows: list[tuple], table: str) -> pa.RecordBatch:
+    """Convert row tuples of `table` to a record batch in its storage schema (for
+    `TableAppender.append_batch`). Raises on a malformed row."""
+    return _rows_to_batch(rows, STORAGE_SCHEMAS[table])
 
 
 def _rows_to_batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:

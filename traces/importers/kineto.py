@@ -228,8 +228,8 @@ def _read_file(path: Path, index: int, n_files: int, offset: int, spans, counter
             workers,
             rank=rank,
             offset=offset,
-            add_spans=spans.extend,
-            add_counters=counters.extend,
+            add_spans=spans.append_batch,
+            add_counters=counters.append_batch,
         )
         header = {**header, **parts[-1].header}
         merged: dict = {"spans": {}, "skipped": {}, "processes": {}, "threads": {}, "windows": []}
