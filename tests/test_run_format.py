@@ -183,3 +183,22 @@ def test_absent_tables_read_as_empty_and_are_listed(sample_run):
 def test_parquet_written_with_int64_not_timestamps(sample_run):
     schema = pq.read_schema(sample_run[0] / "tables" / "steps.parquet")
     assert schema.field("start_ns").type == pa.int64()
+
+
+def test_arrow_batches_keep_order_with_buffered_rows(tmp_path):
+    from perfdiag.traces.writer import rows_to_batch
+
+    with RunWriter(tmp_path / "run") as w:
+        spans = w.table("spans")
+        spans.append(Span("a", "kernel", 1, 1))
+        spans.append_batch(rows_to_batch([Span("b", "kernel", 2, 1), Span("c", "kernel", 3, 1)],
+                                         "spans"))  # fmt: skip
+        spans.append(Span("d", "kernel", 4, 1))
+    assert load_run(tmp_path / "run").spans["name"].tolist() == ["a", "b", "c", "d"]
+
+
+def test_only_the_columns_asked_for_are_read(sample_run):
+    run = load_run(sample_run[0])
+    table = run.arrow("spans", ["start_ns", "dur_ns"])
+    assert table.column_names == ["start_ns", "dur_ns"]
+    assert run.row_counts()["spans"] == 2  # from the Parquet footer, no data read
