@@ -33,6 +33,10 @@ format: setup
 
 bench: setup
 	$(BIN)/python benchmarks/run_format.py
+	$(BIN)/python benchmarks/engine_throughput.py
+	$(BIN)/python benchmarks/probe_overhead.py
+	$(BIN)/python benchmarks/kineto_import.py
+	$(BIN)/python benchmarks/serving_analyzers.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
