@@ -4,7 +4,17 @@ One module per command; importing it registers the command on `app`. Any Perfdia
 becomes one line on stderr and exit code 1; Ctrl-C exits 130.
 """
 
-from . import analyze, calibrate, doctor, import_trace, inspect, run, timeline  # noqa: F401  (registers the commands)
+from . import (  # noqa: F401  (registers the commands)
+    analyze,
+    calibrate,
+    doctor,
+    http_join,
+    import_trace,
+    inspect,
+    run,
+    serve,
+    timeline,
+)
 from .app import app, main
 
 __all__ = ["app", "main"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from .app import app, out
 ENGINE = "Engine"
 WORKLOAD = "Workload"
 PROBES = "Probes"
+TARGET = "Target (HTTP)"
 
 
 def _opt(*names: str, panel: str, help: str, **kw):
@@ -223,6 +225,15 @@ def run(
         ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False,
+    # target
+    target: Annotated[
+        str | None,
+        _opt("--target", panel=TARGET, help="Drive this OpenAI-compatible server (no engine)."),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        _opt("--api-key", panel=TARGET, envvar="PERFDIAG_API_KEY", help="The target's key."),
+    ] = None,
 ) -> None:
     """Run the reference engine under a workload with probes attached, into a new run."""
     from ..probes import run_options as ro
@@ -273,7 +284,12 @@ def run(
     )
     options = ro.RunOptions(engine=engine, workload=spec, probes=probes)
     out_dir = out_dir or _default_out_dir(spec.name)
-    _record(options, out_dir, quiet)
+    http = None
+    if target:
+        from ..probes.http_session import HttpOptions
+
+        http = HttpOptions(url=target, api_key=api_key)
+    _record(options, out_dir, quiet, http)
 
 
 def _like_options(like: Path):
@@ -303,13 +319,18 @@ def _default_out_dir(workload_name: str) -> Path:
     return Path("runs") / f"{stamp}-{Path(workload_name).stem}"
 
 
-def _record(options, out_dir: Path, quiet: bool) -> None:
+def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
     from ..probes.session import record_run
 
     started = time.monotonic()
     e, w = options.engine, options.workload
     model = e.model_dir or e.preset
-    out.print(f"perfdiag run: {model} on {e.device} ({e.resolved_dtype}), workload {w.name} "
+    where = f"{model} on {e.device} ({e.resolved_dtype})"
+    if http is not None:  # an HTTP server instead of the in-process engine
+        from ..probes.http_session import record_http_run
+
+        record_run, where = functools.partial(record_http_run, http=http), http.url
+    out.print(f"perfdiag run: {where}, workload {w.name} "
               f"({w.requests} requests), into {out_dir}", highlight=False)  # fmt: skip
     live = None if quiet else Live(console=out, refresh_per_second=4, transient=True)
 
@@ -332,6 +353,13 @@ def _record(options, out_dir: Path, quiet: bool) -> None:
         if live is not None:
             live.stop()
     _print_summary(result.path)
+    if http is not None:  # a client-bound run measures the client: say so
+        from ..traces.manifest import read_manifest
+
+        health = read_manifest(result.path).extra.get("client_health") or {}
+        if health.get("client_bound"):
+            reasons = "; ".join(health.get("reasons", []))
+            out.print(f"[yellow]warning[/]: the load client was the bottleneck ({reasons})")
 
 
 def _progress_table(p, elapsed: float) -> Table:

@@ -1,12 +1,13 @@
 """Analysis must run anywhere: reading runs and analysing them never loads torch,
-triton or textual (checked in a fresh interpreter, where nothing else imported them)."""
+triton, textual or aiohttp (checked in a fresh interpreter, where nothing else imported
+them)."""
 
 import subprocess
 import sys
 
 import pytest
 
-HEAVY = ("torch", "triton", "textual")
+HEAVY = ("torch", "triton", "textual", "aiohttp")
 
 
 @pytest.mark.parametrize(
@@ -23,6 +24,7 @@ HEAVY = ("torch", "triton", "textual")
             "perfdiag.traces.importers.kineto",
         ],
         ["perfdiag.analyzers.serving", "perfdiag.cli.analyze"],
+        ["perfdiag.analyzers.http_join", "perfdiag.cli.http_join", "perfdiag.cli.serve"],
     ],
 )
 def test_no_heavy_imports(modules):

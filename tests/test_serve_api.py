@@ -106,7 +106,9 @@ def test_chat_stream_and_non_stream(server):
     full = json.loads(text)
     assert status == 200 and full["object"] == "chat.completion"
     assert full["choices"][0]["message"]["role"] == "assistant"
-    assert full["usage"]["completion_tokens"] == 5 and full["choices"][0]["finish_reason"] == "length"
+    assert (
+        full["usage"]["completion_tokens"] == 5 and full["choices"][0]["finish_reason"] == "length"
+    )
 
 
 def test_official_openai_client_streams():

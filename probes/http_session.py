@@ -1,0 +1,242 @@
+"""`perfdiag run --target URL`: a workload against an OpenAI-compatible server, into a run.
+
+No engine is built. The run holds what the client can know: the client-side lifecycle of
+every request (the same events as an in-process run, plus HTTP connection timings), one
+`requests` row per request with what the server reported (`args`: status, usage, how
+tokens per chunk were counted), and counters:
+  client_loop_lag_max_s, client_loop_cpu_pct, client_process_cpu_pct (scope client):
+      the load generator's own health, so a client-bound run is flagged, not blamed on
+      the server (manifest `client_health`);
+  the target's /metrics gauges and counters (scope target), scraped every few hundred ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..traces import environment
+from ..traces.manifest import COMPLETE, CRASHED, INTERRUPTED
+from ..traces.writer import RunWriter
+from .client import ClientResult, Progress, drive
+from .http_target import HttpTarget
+from .recorder import RunRecorder
+from .run_options import RunOptions
+from .session import ProgressCallback, SessionResult, _claim_directory, _report
+from .workload import plan
+
+# A client is called bound when its event-loop thread is this busy in this share of the
+# windows, or its loop lags this much at p99: its timings then measure itself.
+BUSY_CPU_PCT, BUSY_SHARE, LAG_P99_S = 85.0, 0.2, 0.02
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    url: str
+    api_key: str | None = None
+    model: str | None = None  # None: the first model the server lists
+    prompt_format: str = "auto"  # auto | ids | text
+    vocab_size: int = 256  # prompt ids drawn below this: byte-range ids exist in any vocab
+    scrape_period_s: float | None = 0.5  # the target's /metrics; None: off
+    max_connections: int = 0  # 0: unlimited (the workload's concurrency governs)
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"--target must be an http:// or https:// URL, got {self.url!r}")
+        if self.scrape_period_s is not None and self.scrape_period_s < 0.05:
+            raise ConfigError("the metrics scrape period must be >= 0.05 s")
+
+
+class HttpRecorder(RunRecorder):
+    """The client sink of an HTTP run: the request row also says what the server reported."""
+
+    def __init__(self, writer: RunWriter, target: HttpTarget):
+        super().__init__(writer)
+        self._target = target
+
+    def request_done(self, result: ClientResult) -> None:
+        req = result.request
+        rec = self._target.records.get(req.request_id)
+        args = {"max_tokens": req.max_tokens, "offset_s": req.offset_s}
+        if req.cancel_after_tokens is not None or req.cancel_after_s is not None:
+            args.update(cancel_after_tokens=req.cancel_after_tokens,
+                        cancel_after_s=req.cancel_after_s)  # fmt: skip
+        prompt_len = req.prompt_len
+        if rec is not None:
+            args["http"] = {k: v for k, v in asdict(rec).items() if v not in (None, 0)}
+            if rec.usage_prompt_tokens is not None:
+                prompt_len = rec.usage_prompt_tokens  # the server's count (text prompts)
+        self._request((req.request_id, prompt_len, result.output_tokens, None,
+                       result.finish_reason, req.is_warmup, req.prefix_group,
+                       result.output_digest, result.error, json.dumps(args)))  # fmt: skip
+
+
+class LoopMonitor:
+    """The client's own health: event-loop lag (a timer's lateness) and the CPU use of
+    the loop thread and of the whole process, per window."""
+
+    def __init__(self, append, period_s: float = 0.01, window_s: float = 0.25):
+        self._append, self.period_s, self.window_s = append, period_s, window_s
+        self.lags: list[float] = []
+        self.loop_cpu: list[float] = []
+
+    async def run(self) -> None:
+        self._start()
+        while True:
+            due = time.monotonic() + self.period_s
+            await asyncio.sleep(self.period_s)
+            now = time.monotonic()
+            lag = max(0.0, now - due)
+            self.lags.append(lag)
+            self._window_lag = max(self._window_lag, lag)
+            if now - self._wall0 >= self.window_s:
+                self.flush()
+
+    def _start(self) -> None:
+        self._cpu0, self._proc0 = time.thread_time(), time.process_time()
+        self._wall0 = time.monotonic()
+        self._window_lag = 0.0
+
+    def flush(self) -> None:
+        """Write the window so far (called from the loop thread: thread_time is its CPU)."""
+        if not hasattr(self, "_wall0"):
+            return
+        now, loop_cpu, proc = time.monotonic(), time.thread_time(), time.process_time()
+        wall = max(now - self._wall0, 1e-9)
+        ts = time.monotonic_ns()
+        loop_pct = 100.0 * (loop_cpu - self._cpu0) / wall
+        self.loop_cpu.append(loop_pct)
+        self._append(("client_loop_lag_max_s", ts, self._window_lag, "client"))
+        self._append(("client_loop_cpu_pct", ts, loop_pct, "client"))
+        self._append(("client_process_cpu_pct", ts, 100.0 * (proc - self._proc0) / wall, "client"))
+        self._cpu0, self._proc0, self._wall0, self._window_lag = loop_cpu, proc, now, 0.0
+
+    def summary(self) -> dict:
+        lags = np.asarray(self.lags or [0.0])
+        cpu = np.asarray(self.loop_cpu or [0.0])
+        busy_share = float((cpu >= BUSY_CPU_PCT).mean())
+        lag_p99 = float(np.percentile(lags, 99))
+        reasons = []
+        if busy_share >= BUSY_SHARE:
+            reasons.append(f"event-loop thread >= {BUSY_CPU_PCT:.0f}% CPU in "
+                           f"{busy_share:.0%} of windows")  # fmt: skip
+        if lag_p99 >= LAG_P99_S:
+            reasons.append(f"event-loop lag p99 {lag_p99 * 1e3:.1f} ms")
+        return {
+            "loop_lag_p50_ms": float(np.percentile(lags, 50)) * 1e3,
+            "loop_lag_p99_ms": lag_p99 * 1e3,
+            "loop_lag_max_ms": float(lags.max()) * 1e3,
+            "loop_cpu_pct_mean": float(cpu.mean()),
+            "loop_cpu_pct_max": float(cpu.max()),
+            "client_bound": bool(reasons),
+            "reasons": reasons,
+        }
+
+
+async def scrape_metrics(target: HttpTarget, append, period_s: float) -> None:
+    """The target's /metrics → counters (gauges, counters, histogram sums and counts)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"{target.url}/metrics"
+    while True:
+        t0 = time.monotonic_ns()
+        try:
+            async with target.session.get(url, headers=target._headers()) as resp:
+                if resp.status == 404:
+                    return  # the server has no metrics: stop asking
+                text = await resp.text() if resp.status == 200 else ""
+        except Exception:  # a scrape that fails never fails the run
+            text = ""
+        ts = (t0 + time.monotonic_ns()) // 2
+        with contextlib.suppress(ValueError):
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name.endswith(("_bucket", "_created")):
+                        continue
+                    labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())
+                                      if k not in ("model_name", "engine"))  # fmt: skip
+                    name = f"{s.name}{{{labels}}}" if labels else s.name
+                    append((name, ts, float(s.value), "target"))
+        await asyncio.sleep(period_s)
+
+
+def record_http_run(options: RunOptions, out_dir: Path, command: list[str] | None = None,
+                    on_progress: ProgressCallback | None = None, progress_interval_s: float = 0.25,
+                    *, http: HttpOptions) -> SessionResult:  # fmt: skip
+    """Like `session.record_run` (same call), against `http.url` instead of an engine."""
+    out_dir = Path(out_dir)
+    created = _claim_directory(out_dir)
+    planned = None
+    try:
+        planned = plan(options.workload, http.vocab_size)
+        progress = Progress(total=len(planned))
+        status = asyncio.run(_main(options, http, planned, out_dir, command, progress,
+                                   on_progress, progress_interval_s))  # fmt: skip
+    except BaseException:
+        # Nothing recorded yet (bad target, unreachable): leave no half-made run behind.
+        if created and not any(out_dir.iterdir()):
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+        raise
+    return SessionResult(out_dir, status, progress)
+
+
+async def _main(options, http, planned, out_dir, command, progress, on_progress, interval):
+    writer = None
+    target = HttpTarget(http.url, api_key=http.api_key, model=http.model,
+                        prompt_format=http.prompt_format,
+                        max_connections=http.max_connections)  # fmt: skip
+    info = await target.open()
+    status, tasks = CRASHED, []
+    try:
+        longest = max((r.prompt_len or 0) + r.max_tokens for r in planned)
+        if info.max_model_len is not None and longest > info.max_model_len:
+            raise ConfigError(f"the workload asks for up to {longest} tokens per request but "
+                              f"the target's context is {info.max_model_len}")  # fmt: skip
+        writer = RunWriter(out_dir, command=list(sys.argv if command is None else command),
+                           config={"run_options": options.to_dict(),
+                                   "target": asdict(info) | {"api_key": None}},
+                           environment_info=environment.fingerprint())  # fmt: skip
+        recorder = HttpRecorder(writer, target)
+        target.on_event = recorder.client_event
+        counters = writer.table("counters").append
+        monitor = LoopMonitor(counters)
+        tasks.append(asyncio.create_task(monitor.run()))
+        if http.scrape_period_s:
+            tasks.append(asyncio.create_task(scrape_metrics(target, counters,
+                                                            http.scrape_period_s)))  # fmt: skip
+        if on_progress is not None:
+            tasks.append(asyncio.create_task(_report(progress, on_progress, interval)))
+        try:
+            await drive(planned, target, recorder, options.workload.arrival, progress,
+                        keep_token_ids=False)  # fmt: skip
+            status = COMPLETE
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            status = INTERRUPTED
+            raise
+        finally:
+            monitor.flush()  # the last, partial window
+            writer.update_manifest(extra={**writer.manifest.extra,
+                                          "client_health": monitor.summary(),
+                                          "client_pid": os.getpid()})  # fmt: skip
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if on_progress is not None:
+            on_progress(progress)
+        await target.close()
+        if writer is not None:
+            writer.close(status)
+    return status

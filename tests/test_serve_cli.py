@@ -1,0 +1,79 @@
+"""The commands as a user runs them: `perfdiag serve` in its own process (an ephemeral port),
+`perfdiag run --target` against it, `perfdiag join`, and `perfdiag analyze` of the server's
+run; SIGINT stops the server cleanly and completes its run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from perfdiag.traces.reader import load_run
+
+
+def _start_server(tmp_path, *extra):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfdiag", "serve", "--preset", "tiny", "--port", "0",
+         "--kv-blocks", "64", "-o", str(tmp_path / "srv"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        m = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
+        if m:
+            return proc, m.group(1)
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"the server did not start: {line}{proc.stdout.read()}")
+
+
+def _stop(proc) -> str:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    return out
+
+
+def test_serve_run_join_analyze(tmp_path, cli):
+    proc, url = _start_server(tmp_path, "--api-key", "k1")
+    try:
+        env = {**os.environ, "PERFDIAG_API_KEY": "k1"}
+        r = subprocess.run(
+            [sys.executable, "-m", "perfdiag", "run", "--target", url, "-n", "12", "--rate", "40",
+             "--prompt-len", "24", "--output-len", "6", "--warmup", "0", "-q",
+             "-o", str(tmp_path / "cli")],
+            capture_output=True, text=True, timeout=120, env=env,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "requests (completed / failed / cancelled)" in r.stdout
+        unauthorised = cli("run", "--target", url, "-n", "2", "-q", "-o", tmp_path / "nokey")
+        assert unauthorised.returncode == 1 and "401" in unauthorised.stderr
+        assert not (tmp_path / "nokey").exists()  # nothing half-made left behind
+    finally:
+        tail = _stop(proc)
+    assert proc.returncode == 0, tail
+    server = load_run(tmp_path / "srv")
+    assert server.status == "complete"
+    client = load_run(tmp_path / "cli")
+    assert (client.requests["finish_reason"] == "length").all() and len(client.requests) == 12
+    joined = cli("join", tmp_path / "cli", tmp_path / "srv", "--json")
+    assert joined.returncode == 0, joined.stderr
+    payload = json.loads(joined.stdout)
+    assert payload["matched"] == 12 and payload["clock"]["samples"] == 12
+    parts = {row["part"]: row for row in payload["summary"]}
+    assert abs(sum(parts[p]["share"] for p in parts if p != "total_s") - 1.0) < 1e-6
+    analyzed = cli("analyze", tmp_path / "srv", "--json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert json.loads(analyzed.stdout)["basis"] == "engine"  # server-side: engine timestamps
+
+
+def test_run_target_unreachable_is_one_line(tmp_path, cli):
+    r = cli("run", "--target", "http://127.0.0.1:9", "-n", "2", "-q", "-o", tmp_path / "x")
+    assert r.returncode == 1 and r.stderr.startswith("perfdiag: error: cannot reach")
+    assert "Traceback" not in r.stderr
