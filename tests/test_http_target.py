@@ -193,3 +193,74 @@ def test_scrape_metrics_into_counters():
     assert "vllm:num_requests_running" in names and "vllm:kv_cache_usage_perc" in names
     assert "vllm:request_success_total{finished_reason=length}" in names  # the probe request
     assert all(r[3] == "target" for r in rows) and not any("_bucket" in n for n in names)
+
+
+def _metrics_of_run(path):
+    from perfdiag.analyzers.lifecycle import build_lifecycle
+    from perfdiag.analyzers.metrics import serving_metrics
+    from perfdiag.analyzers.steady_state import find_window
+    from perfdiag.traces.reader import load_run
+
+    lc = build_lifecycle(load_run(path))
+    return serving_metrics(lc, find_window(lc.requests, lc.origin_ns, steady=False))
+
+
+def _record_against(url, tmp_path, n, tokens):
+    from perfdiag.probes.http_session import HttpOptions, record_http_run
+    from perfdiag.probes.run_options import ProbeOptions, RunOptions
+
+    spec = WorkloadSpec(
+        requests=n,
+        warmup=0,
+        arrival=ArrivalSpec(mode="closed", concurrency=2),
+        prompt_len=LengthSpec(value=6),
+        output_len=LengthSpec(value=tokens),
+    )
+    options = RunOptions(workload=spec, probes=ProbeOptions(device_sampling=False))
+    record_http_run(options, tmp_path, http=HttpOptions(url=url, scrape_period_s=None))
+    return _metrics_of_run(tmp_path)
+
+
+def test_itl_per_token_and_per_chunk_from_a_multi_token_stream(tmp_path):
+    """3 + 3 + 1 tokens per request: 2 gaps per chunk, 6 per token, whatever the timing."""
+    import threading
+
+    holder, ready, stop = {}, threading.Event(), threading.Event()
+
+    def thread():
+        async def main():
+            runner, url = await _serve(fake_app("ids", per_chunk=3))
+            holder["url"] = url
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+            await runner.cleanup()
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=thread, daemon=True)
+    t.start()
+    ready.wait()
+    try:
+        m = _record_against(holder["url"], tmp_path / "run", n=5, tokens=7)
+    finally:
+        stop.set()
+        t.join()
+    assert m.outcomes.ok == 5
+    assert m.itl_per_chunk_s.count == 5 * 2 and m.itl_per_token_s.count == 5 * 6
+    assert m.tokens_per_chunk.max == 3 and m.tokens_per_chunk.count == 15
+    assert m.output_tokens.mean == 7
+
+
+def test_itl_per_token_and_per_chunk_against_perfdiag_serve(tmp_path):
+    from perfdiag.engine_ref import LLMEngine
+    from perfdiag.engine_ref.server import ServerConfig, ServerThread
+    from perfdiag.engine_ref.testing import tiny_config
+
+    with ServerThread(LLMEngine(tiny_config()), ServerConfig(port=0)) as srv:
+        m = _record_against(srv.url, tmp_path / "run", n=6, tokens=10)
+    assert m.outcomes.ok == 6 and m.output_tokens.mean == 10
+    assert m.itl_per_token_s.count == 6 * 9  # N − 1 per request, however tokens were chunked
+    chunks = m.tokens_per_chunk.count
+    assert m.itl_per_chunk_s.count == chunks - 6 and 6 <= chunks <= 60
+    assert m.ttft_s.count == 6 and m.ttft_s.p50 > 0
