@@ -27,6 +27,7 @@ created → first token, i.e. client wait + the client's TTFT):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,6 +118,7 @@ def join_runs(client: Run, server: Run) -> HttpJoin | Missing:
     c["http_request_sent"] = _first(cev, "client", ("http_request_sent",), "max")[
         "http_request_sent"
     ]  # the last request byte (body after headers)
+    c = _as_server_ids(c, client.requests)
     s = _first(sev, "server", SERVER_KINDS)
     e = _first(sev, "engine", ENGINE_KINDS).add_prefix("engine_")
     server_all = s.join(e, how="outer")
@@ -155,6 +157,20 @@ def join_runs(client: Run, server: Run) -> HttpJoin | Missing:
     return HttpJoin(clock, len(matched), len(c.index.difference(server_all.index)),
                     len(server_all.index.difference(c.index)), per,
                     _summary(per))  # fmt: skip
+
+
+def _as_server_ids(c: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """Index the client's requests by the id the server echoed (`args.http`): a server
+    renames an id already in flight, e.g. when two clients share it."""
+    echoed = {}
+    for rid, args in zip(requests["request_id"], requests["args"], strict=True):
+        try:
+            sid = json.loads(args).get("http", {}).get("server_request_id")
+        except (TypeError, ValueError, AttributeError):
+            continue
+        if sid and sid != rid:
+            echoed[str(rid)] = sid
+    return c.rename(index=echoed) if echoed else c
 
 
 def _summary(per: pd.DataFrame) -> pd.DataFrame:

@@ -3,6 +3,8 @@ sum to what the client measured."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from perfdiag.probes.run_options import ProbeOptions, RunOptions
 from perfdiag.probes.server_probe import ServerRun
 from perfdiag.probes.workload import ArrivalSpec, LengthSpec, WorkloadSpec
 from perfdiag.traces.reader import load_run
-from perfdiag.traces.schema import RequestEvent
+from perfdiag.traces.schema import Request, RequestEvent
 from perfdiag.traces.writer import RunWriter
 
 
@@ -78,10 +80,12 @@ def test_prefill_part_matches_the_server_alone(joined_runs):
     assert np.allclose(per["prefill_s"], own, atol=1e-9)
 
 
-def _write(path, events, host_offset_ns=0):
+def _write(path, events, requests=()):
     with RunWriter(path, command=["test"]) as w:
         for e in events:
             w.table("request_events").append(e)
+        for r in requests:
+            w.table("requests").append(r)
 
 
 def test_round_trips_recover_a_clock_offset_the_manifests_do_not_know(tmp_path):
@@ -109,9 +113,14 @@ def test_round_trips_recover_a_clock_offset_the_manifests_do_not_know(tmp_path):
                       RequestEvent(rid, "first_token", start + 4_900_000 + offset, "engine", 2),
                       RequestEvent(rid, "sse_chunk", start + 4_950_000 + offset,
                                    "server")]  # fmt: skip
-    _write(tmp_path / "c", client_ev)
+    # the server renamed r0 (an id already in flight); the client noted what it echoed
+    server_ev = [e._replace(request_id="r0-x1") if e.request_id == "r0" else e
+                 for e in server_ev]  # fmt: skip
+    echoed = Request("r0", args=json.dumps({"http": {"server_request_id": "r0-x1"}}))
+    _write(tmp_path / "c", client_ev, [echoed])
     _write(tmp_path / "s", server_ev)
     j = join_runs(load_run(tmp_path / "c"), load_run(tmp_path / "s"))
+    assert (j.matched, j.client_only, j.server_only) == (5, 0, 0)
     assert j.clock.method == "round-trip"
     # the tightest round trip is r0: asymmetry 50 µs → the estimate is off by 25 µs
     assert abs(j.clock.offset_ns - offset) <= j.clock.uncertainty_ns
