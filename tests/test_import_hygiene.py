@@ -24,6 +24,14 @@ HEAVY = ("torch", "triton", "textual", "aiohttp")
             "perfdiag.traces.importers.kineto",
         ],
         ["perfdiag.analyzers.serving", "perfdiag.cli.analyze"],
+        [
+            "perfdiag.traces.exporters",
+            "perfdiag.traces.exporters.layout",
+            "perfdiag.traces.exporters.perfetto",
+            "perfdiag.traces.exporters.chrome",
+            "perfdiag.traces.exporters.tensorboard",
+            "perfdiag.cli.export",
+        ],
         ["perfdiag.analyzers.http_join", "perfdiag.cli.http_join", "perfdiag.cli.serve"],
     ],
 )
