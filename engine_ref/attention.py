@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None
     decode_context_len: int  # the longest decode context
     prefills: list[PrefillSlice]
+    kernel: Any = None  # kernels.backend.KernelMeta when the Triton kernels run the step
 
 
 # attend(q [B, H, Q, D], k [B, Hkv, S, D], v, mask [B|1, 1, Q, S] bool | None, causal, scale)

@@ -16,6 +16,7 @@ ARCHITECTURES = ("llama", "qwen2")
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("sdpa", "naive")
+KERNEL_BACKENDS = ("auto", "torch", "triton")  # auto: torch on the CPU, triton on CUDA
 PREEMPTION_MODES = ("recompute", "swap")
 POLICIES = ("fcfs", "prefix")
 
@@ -227,6 +228,13 @@ class EngineConfig:
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     seed: int = 0  # the sampler's generator for requests without their own seed
     model_path: str | None = None  # a local Hugging Face directory whose weights to load
+    # "triton": norms, RoPE, SiLU-and-multiply and paged attention run as the kernels of
+    # engine_ref/kernels (attention_backend is then unused); "torch": the PyTorch path.
+    kernel_backend: str = "auto"
+    # Decode-only steps replay CUDA graphs captured at these batch sizes (CUDA, triton
+    # kernels); a batch above the largest, or a size whose capture failed, runs eagerly.
+    cuda_graphs: bool = False
+    cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
     def __post_init__(self) -> None:
         if self.max_model_len == 0:
@@ -241,6 +249,20 @@ class EngineConfig:
             f"attention_backend {self.attention_backend!r} is not one of {ATTENTION_BACKENDS}",
         )
         _require(
+            self.kernel_backend in KERNEL_BACKENDS,
+            f"kernel_backend {self.kernel_backend!r} is not one of {KERNEL_BACKENDS}",
+        )
+        sizes = tuple(sorted(set(int(b) for b in self.cuda_graph_batch_sizes)))
+        object.__setattr__(self, "cuda_graph_batch_sizes", sizes)
+        _require(bool(sizes) and sizes[0] >= 1, "cuda_graph_batch_sizes must be >= 1")
+        if self.cuda_graphs:
+            _require(self.device.startswith("cuda"), "cuda_graphs needs device 'cuda'")
+            _require(
+                self.resolved_kernel_backend == "triton",
+                "cuda_graphs needs kernel_backend 'triton' (its decode attention reads lengths "
+                "from the device, so one graph serves every context length)",
+            )
+        _require(
             2 <= self.max_model_len <= self.model.max_position_embeddings,
             f"max_model_len {self.max_model_len} must be in "
             f"[2, {self.model.max_position_embeddings}]",
@@ -254,6 +276,12 @@ class EngineConfig:
                 f"({sched.max_num_batched_tokens}) must be >= max_model_len "
                 f"({self.max_model_len})",
             )
+
+    @property
+    def resolved_kernel_backend(self) -> str:
+        if self.kernel_backend != "auto":
+            return self.kernel_backend
+        return "triton" if self.device.startswith("cuda") else "torch"
 
     @property
     def max_wait_ns(self) -> int | None:

@@ -50,7 +50,12 @@ Prompt = str | Sequence[int]
 
 
 def build_model(config: EngineConfig) -> LlamaModel:
-    model = LlamaModel(config.model, config.attention_backend)
+    kernels = config.resolved_kernel_backend
+    if kernels == "triton":
+        from .kernels._common import check_device
+
+        check_device(config.device)
+    model = LlamaModel(config.model, config.attention_backend, kernels)
     if config.model_path is not None:
         load_weights(model, config.model_path)
     else:
@@ -100,6 +105,12 @@ class LLMEngine:
             Sampler(device, config.seed),
             guard=self.block_manager if cc.check_ownership else None,
         )
+        if config.cuda_graphs:
+            from .cuda_graphs import DecodeGraphs
+
+            self.runner.graphs = DecodeGraphs(
+                self.runner, config.cuda_graph_batch_sizes, config.max_model_len
+            ).capture()
         self.tokenizer = tokenizer or load_tokenizer(
             config.model_path, mcfg.bos_token_id, (mcfg.eos_token_ids or (None,))[0]
         )

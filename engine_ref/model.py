@@ -132,9 +132,17 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, attention_backend: str = "sdpa") -> None:
+    def __init__(
+        self, cfg: ModelConfig, attention_backend: str = "sdpa", kernel_backend: str = "torch"
+    ) -> None:
         super().__init__()
         self.config = cfg
+        self.kernel_backend = kernel_backend
+        self._kernel_forward = None  # the Triton kernels' forward (imports triton: lazily)
+        if kernel_backend == "triton":
+            from .kernels.forward import triton_forward
+
+            self._kernel_forward = triton_forward
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, attention_backend) for _ in range(cfg.num_layers)
@@ -152,6 +160,8 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """Final hidden states [T, hidden] of every token in the batch."""
+        if self._kernel_forward is not None:
+            return self._kernel_forward(self, input_ids, positions, kv_caches, meta)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         for layer, kv in zip(self.layers, kv_caches, strict=True):

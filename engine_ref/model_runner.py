@@ -47,6 +47,12 @@ class ModelRunner:
         self.sampler = sampler
         self.device = kv_cache.device
         self.guard = guard  # a block manager in check mode vets every block a step touches
+        # The Triton kernels read int32 tables and lengths built per step (KernelMeta).
+        self.triton_kernels = model.kernel_backend == "triton"
+        self.num_sms = 0  # decode attention splits along the sequence only on a GPU
+        if self.triton_kernels and self.device.type == "cuda":
+            self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.graphs = None  # cuda_graphs.DecodeGraphs: replays decode-only steps
 
     def prepare(self, scheduled: list[tuple[Request, int]]) -> ModelInput:
         bs, dev = self.block_size, self.device
@@ -59,6 +65,7 @@ class ModelRunner:
         decode_tables: list[list[int]] = []
         decode_ctx: list[int] = []
         prefills: list[PrefillSlice] = []
+        prefill_rows: list[tuple[list[int], int, int]] = []  # blocks, new tokens, context
         num_context = 0
         for r, n in batch:
             start, end, bt = r.num_computed_tokens, r.num_computed_tokens + n, r.block_table
@@ -79,6 +86,7 @@ class ModelRunner:
                     mask = torch.arange(end, device=dev)[None, :] <= q
                 ids_t = torch.tensor(used, dtype=torch.long, device=dev)
                 prefills.append(PrefillSlice(offset, offset + n, end, ids_t, mask))
+                prefill_rows.append((used, n, end))
             if end == r.num_tokens:
                 sample_idx.append(offset + n - 1)
                 sample_reqs.append(r)
@@ -102,6 +110,14 @@ class ModelRunner:
             decode_context_len=max(decode_ctx, default=0),
             prefills=prefills,
         )
+        if self.triton_kernels:
+            from .kernels.backend import build_kernel_meta
+
+            meta.kernel = build_kernel_meta(
+                decode_tables, decode_ctx, [r[0] for r in prefill_rows],
+                [r[1] for r in prefill_rows], [r[2] for r in prefill_rows], dev,
+                self.model.config.num_kv_heads, self.num_sms,
+            )  # fmt: skip
         return ModelInput(
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
             positions=torch.tensor(pos, dtype=torch.long, device=dev),
@@ -115,6 +131,10 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inp: ModelInput, all_logits: bool = False) -> torch.Tensor:
         """fp32 logits of the sampling positions (or of every token, for tests)."""
+        if self.graphs is not None and not all_logits:
+            logits = self.graphs.run(inp)  # None: not a decode-only step of a captured size
+            if logits is not None:
+                return logits
         hidden = self.model(inp.input_ids, inp.positions, self.kv_cache.layers, inp.meta)
         if not all_logits:
             hidden = hidden[inp.sample_idx]
