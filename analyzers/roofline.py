@@ -33,7 +33,8 @@ def position(flops, nbytes, seconds, ceilings: Ceilings, dtype: str) -> pd.DataF
         attained = f / t
         attained_bw = b / t
         roof = np.minimum(peak, intensity * bw)
-        of_roof = attained / roof
+        # Work without arithmetic (a copy: a KV store) is held to the bandwidth roof alone.
+        of_roof = np.where((f == 0) & (b > 0), attained_bw / bw, attained / roof)
     bound = np.where(intensity >= peak / bw, "compute", "bandwidth").astype(object)
     bound[of_roof < LATENCY_FLOOR] = "latency"
     bound[~np.isfinite(of_roof)] = "unknown"
@@ -117,7 +118,7 @@ class RooflineReport:
     ceilings: Ceilings
     dtype: str
     steps: pd.DataFrame  # per engine step (empty without a model config or steps)
-    spans: pd.DataFrame  # per span name with flops/bytes (Triton launches, ops)
+    spans: pd.DataFrame  # per span name and category with flops/bytes (Triton launches, ops)
 
     def to_dict(self) -> dict:
         return {
@@ -167,10 +168,12 @@ def roofline_report(
         sub = spans[has.to_numpy()]
         g = (
             sub.assign(f=sub["flops"].astype("float64"), b=sub["bytes"].astype("float64"))
-            .groupby("name", observed=True, sort=False)
+            .groupby(["name", "category"], observed=True, sort=False)
             .agg(count=("dur_ns", "size"), f=("f", "sum"), b=("b", "sum"), ns=("dur_ns", "sum"))
         )
         per_span = position(g["f"], g["b"], g["ns"] / 1e9, ceilings, dtype)
-        per_span.insert(0, "name", g.index.astype(str))
-        per_span.insert(1, "count", g["count"].to_numpy())
+        per_span.insert(0, "name", g.index.get_level_values(0).astype(str))
+        # how the time was taken: `triton` (CUDA events), `triton_interpret` (host, NumPy)…
+        per_span.insert(1, "category", g.index.get_level_values(1).astype(str))
+        per_span.insert(2, "count", g["count"].to_numpy())
     return RooflineReport(ceilings, dtype, steps, per_span)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -93,6 +94,19 @@ def run(
         float | None,
         _opt("--max-wait-ms", panel=ENGINE, help="A request waiting longer goes first [2000]."),
     ] = None,
+    kernel_backend: Annotated[
+        str | None,
+        _opt(
+            "--kernel-backend",
+            panel=ENGINE,
+            help="torch, triton, or auto: torch on cpu, triton on cuda (on cpu Triton runs "
+            "in its interpreter: slow) [auto].",
+        ),
+    ] = None,
+    cuda_graphs: Annotated[
+        bool,
+        _opt("--cuda-graphs", panel=ENGINE, help="Replay decode steps from CUDA graphs."),
+    ] = False,
     # workload
     workload: Annotated[
         str | None,
@@ -209,6 +223,9 @@ def run(
             help="Store prompt and output text (default: digests only).",
         ),
     ] = False,
+    no_triton_probe: Annotated[
+        bool, _opt("--no-triton-probe", panel=PROBES, help="Do not record Triton launches.")
+    ] = False,
     # output
     out_dir: Annotated[
         Path | None,
@@ -247,6 +264,7 @@ def run(
         "block_size": block_size, "chunk_size": chunk_size, "prefix_cache": prefix_cache,
         "max_seqs": max_seqs, "max_batched_tokens": max_batched_tokens,
         "preemption": preemption, "policy": policy, "max_wait_ms": max_wait_ms, "seed": seed,
+        "kernel_backend": kernel_backend, "cuda_graphs": True if cuda_graphs else None,
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
     if no_chunked_prefill:
@@ -278,6 +296,7 @@ def run(
         "device_sampling": False if no_device_sampling else None,
         "nvtx": False if no_nvtx else None,
         "record_text": True if record_text else None,
+        "triton_launches": False if no_triton_probe else None,
     }
     probes = dataclasses.replace(
         base.probes, **{k: v for k, v in probe_changes.items() if v is not None}
@@ -324,6 +343,8 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
 
     started = time.monotonic()
     e, w = options.engine, options.workload
+    if e.device == "cpu" and e.kernel_backend == "triton":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
     model = e.model_dir or e.preset
     where = f"{model} on {e.device} ({e.resolved_dtype})"
     if http is not None:  # an HTTP server instead of the in-process engine

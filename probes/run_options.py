@@ -31,6 +31,8 @@ class EngineOptions:
     policy: str = "fcfs"
     max_wait_ms: float | None = 2000.0
     seed: int = 0
+    kernel_backend: str = "auto"  # torch on the CPU, triton on CUDA (engine_ref/kernels)
+    cuda_graphs: bool = False  # decode steps replayed from CUDA graphs (CUDA, triton)
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
@@ -78,6 +80,8 @@ class EngineOptions:
             dtype=self.resolved_dtype,
             seed=self.seed,
             model_path=self.model_dir,
+            kernel_backend=self.kernel_backend,
+            cuda_graphs=self.cuda_graphs,
         )
 
 
@@ -88,6 +92,7 @@ class ProbeOptions:
     profile_steps: tuple[int, int] | None = None  # [first, last] engine steps, inclusive
     nvtx: bool = True
     record_text: bool = False  # store prompt and output text (off: digests only)
+    triton_launches: bool = True  # every Triton launch as a span (triton kernels only)
 
     def __post_init__(self) -> None:
         if self.profile_steps is not None:

@@ -69,15 +69,23 @@ def record_run(
         environment_info=environment.fingerprint(deep=True),
     )
     status = CRASHED
-    sampler = window = None
+    sampler = window = triton_probe = None
     try:
         if options.probes.profile_steps is not None:
             first, last = options.probes.profile_steps
             window = ProfilerWindow(first, last, options.engine.device, out_dir)
             window.prepare()
+        step_timer = make_step_timer(options.engine.device, options.probes.nvtx)
+        if options.probes.triton_launches and engine.config.resolved_kernel_backend == "triton":
+            from .triton_probe import TritonProbe
+
+            triton_probe = TritonProbe(
+                writer.table("spans").append, options.engine.device, step_timer=step_timer
+            ).attach()
+            step_timer = triton_probe  # it wraps the CUDA timer: launches know their step
         engine.observer = RunRecorder(
             writer,
-            step_timer=make_step_timer(options.engine.device, options.probes.nvtx),
+            step_timer=step_timer,
             window=window,
             decode=engine.tokenizer.decode if options.probes.record_text else None,
         )
@@ -92,6 +100,10 @@ def record_run(
         raise
     finally:
         engine.observer = None
+        if triton_probe is not None:
+            triton_probe.detach()
+            info = {**writer.manifest.extra, "triton_probe": triton_probe.summary()}
+            writer.update_manifest(extra=info)
         if sampler is not None:
             sampler.stop()
         if window is not None:
