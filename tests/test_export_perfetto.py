@@ -248,3 +248,16 @@ def test_annotations_hook_replaces_findings(rich, tmp_path):
     result = export_run(run, "perfetto", tmp_path / "a.pftrace", annotations=marks)
     d = V.validate(result.path)
     assert [(i.start, i.name, i.args["text"]) for i in d.instants] == [(R.us(33), "custom", "text")]
+
+
+def test_an_empty_run_exports_to_both_formats(tmp_path):
+    import json
+
+    from perfdiag.traces.writer import RunWriter
+
+    with RunWriter(tmp_path / "run", command=["t"], environment_info={}):
+        pass
+    d = V.validate(export_run(tmp_path / "run", "perfetto").path)
+    assert d.slices == [] and d.tracks == {}
+    chrome = export_run(tmp_path / "run", "chrome", tmp_path / "t.json")
+    assert json.loads(chrome.path.read_text())["traceEvents"] == []

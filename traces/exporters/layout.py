@@ -17,11 +17,11 @@ from .findings import Annotation, annotations_from_findings, read_findings
 from .flows import StepFlows
 from .requests import EVENT_COLUMNS, REQUEST_COLUMNS, request_slices, write_requests
 from .sink import Sink, TraceInfo
-from .spans import INT_COLUMNS, Names, SpanPlan, write_spans
+from .spans import SPAN_COLUMNS, Names, SpanPlan, write_spans
 from .steps import step_starts, write_hit_rate, write_steps
 from .tracks import INSTANTS, TrackTree
 
-SPAN_COLUMNS = [*INT_COLUMNS, "name", "category", "args"]
+__all__ = ["SPAN_COLUMNS", "LayoutSummary", "trace_info", "write_run"]
 
 
 @dataclass
@@ -93,10 +93,8 @@ def write_run(
     request_start = {r.request_id: r.start for r in slices}
     del slices
 
-    spans = run.arrow("spans", SPAN_COLUMNS)
-    plan = SpanPlan(spans, starts, flows, with_args)  # before the steps: it adds their flows
+    plan = SpanPlan(run, starts, flows, with_args)  # before the steps: it adds their flows
     gpu_ranks = gpu_ranks_of(plan.cols["rank"], plan.cols["device"])
-    del spans
 
     n_steps, samples = write_steps(steps, tree, sink, flows, request_rank)
     if n_steps:

@@ -121,8 +121,12 @@ class PerfettoSink:
         te = p.track_event
         te.type = _BEGIN
         te.track_uuid = uuid
-        te.name_iid = self._intern(p, "event_names", self._names, name)
-        te.category_iids.append(self._intern(p, "event_categories", self._cats, cat))
+        iid = self._names.get(name)  # the hot path: a name seen before
+        te.name_iid = iid if iid else self._intern(p, "event_names", self._names, name)
+        iid = self._cats.get(cat)
+        te.category_iids.append(
+            iid if iid else self._intern(p, "event_categories", self._cats, cat)
+        )
         if args:
             self._annotate(p, te, args)
         if raw_args:
@@ -198,9 +202,13 @@ class PerfettoSink:
         return iid
 
     def _annotate(self, p: pb.TracePacket, te: pb.TrackEvent, args: Args) -> None:
+        add, ids = te.debug_annotations.add, self._arg_names
         for key, value in args:
-            a = te.debug_annotations.add()
-            a.name_iid = self._intern(p, "debug_annotation_names", self._arg_names, key)
+            iid = ids.get(key) or self._intern(p, "debug_annotation_names", ids, key)
+            if type(value) is int:  # most arguments: ids, counts, bytes
+                add(name_iid=iid, int_value=value)
+                continue
+            a = add(name_iid=iid)
             if isinstance(value, bool):
                 a.bool_value = value
             elif isinstance(value, int):

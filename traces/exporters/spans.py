@@ -14,6 +14,8 @@ bounded chunks: the columns are Arrow/numpy arrays, Python objects exist a chunk
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +24,9 @@ from .flows import StepFlows, span_flows
 from .lanes import NestingLanes
 from .sink import Sink
 from .tracks import Track, TrackTree
+
+if TYPE_CHECKING:
+    from ..reader import Run
 
 CHUNK_ROWS = 16384
 INT_COLUMNS = [
@@ -37,6 +42,7 @@ INT_COLUMNS = [
     "flops",
     "bytes",
 ]
+SPAN_COLUMNS = [*INT_COLUMNS, "name", "category", "args"]
 ARG_COLUMNS = ("step_id", "correlation", "flops", "bytes")
 COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 
@@ -65,46 +71,56 @@ class Names:
 class SpanPlan:
     """The spans' columns, resources, writing order and flows, worked out before anything
     is written: the steps pass (written first) needs the step ends of the kernel flows.
-    `table`: the spans table (INT_COLUMNS, name, category, args)."""
 
-    def __init__(
-        self,
-        table: pa.Table,
-        steps: dict[tuple, int],
-        step_flows: StepFlows,
-        with_args: bool = True,
-    ):
+    Memory is what a million spans make it matter: each Arrow column is dropped as soon
+    as it is converted, and only the numpy arrays the writing needs are kept."""
+
+    def __init__(self, run: Run, steps: dict[tuple, int], step_flows: StepFlows,
+                 with_args: bool = True):  # fmt: skip
+        table = run.arrow("spans", SPAN_COLUMNS if with_args else SPAN_COLUMNS[:-1])
         self.n = n = table.num_rows
-        self.cols = cols = {c: table[c].fill_null(-1).to_numpy() for c in INT_COLUMNS}
+        self.cols = cols = {}
+        for c in INT_COLUMNS:
+            cols[c] = table[c].fill_null(-1).to_numpy()
+            table = table.drop_columns([c])
         cat_dict = pc.dictionary_encode(table["category"]).combine_chunks()
         self.categories = cat_dict.dictionary.to_pylist()
         self.cat_codes = cat_dict.indices.to_numpy(zero_copy_only=False)
         name_dict = pc.dictionary_encode(table["name"]).combine_chunks()
         self.names = name_dict.dictionary.to_pylist()
         self.name_codes = name_dict.indices.to_numpy(zero_copy_only=False)
-        self.raw_args = table["args"] if with_args else None
+        self.raw_args = table["args"].combine_chunks() if with_args else None
+        del table, cat_dict, name_dict
         kind = _resource_kinds(cols, self.categories, self.cat_codes)
         gpu = kind >= GPU_KERNELS
         a = np.where(gpu, cols["device"], cols["pid"])
         b = np.where(gpu, cols["stream"], cols["tid"])
         b[(kind == GPU_COMM) | (kind == CPU_COMM)] = -1
         b[kind == NOWHERE] = self.cat_codes[kind == NOWHERE]
-        self.end = cols["start_ns"] + cols["dur_ns"]
         cpu_first = gpu.astype(np.int8) + (kind == NOWHERE)
-        order = np.lexsort((-self.end, cols["start_ns"], kind, b, a, cols["rank"], cpu_first))
-        self.order = order
-        self.keys = np.stack([cols["rank"][order], a[order], kind[order], b[order]])
+        start, rank = cols["start_ns"], cols["rank"]
+        self.order = order = np.lexsort(
+            (-(start + cols["dur_ns"]), start, kind, b, a, rank, cpu_first)
+        )
+        del cpu_first, gpu
+        change = np.zeros(n, dtype=bool)
+        for key in (rank, a, kind, b):
+            k = key[order]
+            change[1:] |= k[1:] != k[:-1]
+        firsts = np.flatnonzero(change).tolist()
+        heads = order[[0, *firsts]] if n else order[:0]
+        self.groups = [
+            ((int(rank[h]), int(a[h]), int(kind[h]), int(b[h])), lo, hi)
+            for h, lo, hi in zip(heads.tolist(), [0, *firsts], [*firsts, n], strict=True)
+        ] if n else []  # fmt: skip
+        del a, b, kind
         self.flows = span_flows(cols, self.categories, self.cat_codes, steps, step_flows)
-        cut = np.flatnonzero((self.keys[:, 1:] != self.keys[:, :-1]).any(axis=0)) + 1
-        bounds = zip(np.r_[0, cut].tolist(), np.r_[cut, n].tolist(), strict=True)
-        self.groups = list(bounds) if n else []
 
 
 def write_spans(plan: SpanPlan, tree: TrackTree, sink: Sink, names: Names) -> dict[str, int]:
     """Write every span; returns slices written per category."""
     counts: dict[str, int] = {}
-    for lo, hi in plan.groups:
-        rank, ra, rk, rb = (int(v) for v in plan.keys[:, lo])
+    for (rank, ra, rk, rb), lo, hi in plan.groups:
         lanes = NestingLanes()
         lane_tracks = [_resource_track(tree, names, rank, ra, rk, rb, plan.categories)]
         for c0 in range(lo, hi, CHUNK_ROWS):
@@ -125,7 +141,7 @@ def _write_chunk(
     cols = plan.cols
     starts = cols["start_ns"][rows].tolist()
     durs = cols["dur_ns"][rows].tolist()
-    lane_of = lanes.assign(starts, plan.end[rows].tolist())
+    lane_of = lanes.assign(starts, (cols["start_ns"][rows] + cols["dur_ns"][rows]).tolist())
     base = lane_tracks[0]
     while len(lane_tracks) < lanes.count:
         k = len(lane_tracks)
