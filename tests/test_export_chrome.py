@@ -156,3 +156,17 @@ def test_gzip_and_no_args(rich, tmp_path):
     assert out.slices == result.slices
     gemm = next(e for e in zipped["traceEvents"] if e.get("name") == "gemm")
     assert "grid" not in gemm["args"] and gemm["args"]["correlation"] == 1
+
+
+def test_args_that_are_not_an_object_stay_text():
+    from perfdiag.traces.exporters.chrome import _args_text
+
+    assert json.loads(_args_text([("step_id", 3)], "not json")) == {
+        "step_id": 3,
+        "args": "not json",
+    }
+    assert json.loads(_args_text([("x", 1.5), ("y", float("nan"))], " {} ")) == {
+        "x": 1.5,
+        "y": None,
+    }
+    assert json.loads(_args_text([("correlation", 9)], '{"correlation": 7}')) == {"correlation": 7}

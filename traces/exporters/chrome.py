@@ -160,6 +160,9 @@ def _args_text(args: Args | None, raw: str | None) -> str:
         text = _number(value) if isinstance(value, float) else _dumps(value)
         ours.append(f"{_dumps(key)}:{text}")
     raw = raw.strip() if raw else ""
-    if raw.startswith("{") and raw.endswith("}") and raw[1:-1].strip():
-        return "{" + ",".join([*ours, raw[1:-1].strip()]) + "}"
+    if raw.startswith("{") and raw.endswith("}"):  # the schema's promise: a JSON object
+        if raw[1:-1].strip():
+            ours.append(raw[1:-1].strip())
+    elif raw:  # anything else is kept as text rather than risk invalid JSON
+        ours.append(f'"args":{_dumps(raw)}')
     return "{" + ",".join(ours) + "}"
