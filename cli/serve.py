@@ -4,6 +4,7 @@ run of everything it serves (unless --no-record)."""
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -96,16 +97,19 @@ def serve(
                           max_waiting=max_waiting,
                           request_timeout_s=request_timeout or None)  # fmt: skip
     engine = LLMEngine(engine_options.engine_config())
-    run = None
+    run = created = None
     if not no_record:
         from ..probes.server_probe import ServerRun
         from ..probes.session import _claim_directory
 
         out_dir = out_dir or Path("runs") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-serve"
-        _claim_directory(out_dir)
+        created = _claim_directory(out_dir)
         run = ServerRun(out_dir, engine, config, ["perfdiag", *sys.argv[1:]])
+    served = False
 
     def ready(running) -> None:
+        nonlocal served
+        served = True
         where = f", recording into {out_dir}" if run is not None else ""
         out.print(f"perfdiag serve: {name} on {engine_options.device} at {running.url}{where}",
                   highlight=False, soft_wrap=True)  # fmt: skip
@@ -119,4 +123,7 @@ def serve(
     finally:
         if run is not None:
             run.close(status)
-            out.print(f"run: {out_dir} ({status})", highlight=False)
+            if not served and created:  # it never listened (port taken): no run to keep
+                shutil.rmtree(out_dir, ignore_errors=True)
+            else:
+                out.print(f"run: {out_dir} ({status})", highlight=False)

@@ -77,3 +77,15 @@ def test_run_target_unreachable_is_one_line(tmp_path, cli):
     r = cli("run", "--target", "http://127.0.0.1:9", "-n", "2", "-q", "-o", tmp_path / "x")
     assert r.returncode == 1 and r.stderr.startswith("perfdiag: error: cannot reach")
     assert "Traceback" not in r.stderr
+
+
+def test_serve_on_a_taken_port_is_one_line_and_leaves_no_run(tmp_path, cli):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = cli("serve", "--preset", "tiny", "--port", port, "-o", tmp_path / "srv", timeout=120)
+    assert r.returncode == 1 and "cannot listen on 127.0.0.1" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "srv").exists()
