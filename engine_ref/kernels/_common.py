@@ -47,4 +47,3 @@ def dot_precision(dtype: torch.dtype) -> str:
     """fp32 dots in full precision (Triton's default on GPUs is TF32, 10-bit mantissas),
     so fp32 engines stay token for token with the PyTorch path."""
     return "ieee" if dtype == torch.float32 else "tf32"
-

@@ -43,9 +43,9 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
 def paged_cache(num_blocks, block_size, kv_heads, head_dim, dtype, device, seed=0):
     """Random K and V caches [blocks, block_size, kv_heads, head_dim]: halves of one
     tensor, as the engine's layer caches are."""
-    g = torch.Generator().manual_seed(seed)
-    kv = torch.randn((2, num_blocks, block_size, kv_heads, head_dim), generator=g)
-    kv = kv.to(device=device, dtype=dtype)
+    g = torch.Generator(device).manual_seed(seed)  # drawn where it lives: GiBs for benchmarks
+    shape = (2, num_blocks, block_size, kv_heads, head_dim)
+    kv = torch.randn(shape, generator=g, device=device).to(dtype)
     return kv[0], kv[1]
 
 
