@@ -94,6 +94,10 @@ def run(
         float | None,
         _opt("--max-wait-ms", panel=ENGINE, help="A request waiting longer goes first [2000]."),
     ] = None,
+    model_seed: Annotated[
+        int | None,
+        _opt("--model-seed", panel=ENGINE, help="Seed of a preset's random weights [0]."),
+    ] = None,
     kernel_backend: Annotated[
         str | None,
         _opt(
@@ -265,6 +269,7 @@ def run(
         "max_seqs": max_seqs, "max_batched_tokens": max_batched_tokens,
         "preemption": preemption, "policy": policy, "max_wait_ms": max_wait_ms, "seed": seed,
         "kernel_backend": kernel_backend, "cuda_graphs": True if cuda_graphs else None,
+        "model_seed": model_seed,
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
     if no_chunked_prefill:

@@ -33,6 +33,7 @@ class EngineOptions:
     seed: int = 0
     kernel_backend: str = "auto"  # torch on the CPU, triton on CUDA (engine_ref/kernels)
     cuda_graphs: bool = False  # decode steps replayed from CUDA graphs (CUDA, triton)
+    model_seed: int = 0  # a preset's random weights (another seed: another model)
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
@@ -56,7 +57,7 @@ class EngineOptions:
 
             model = read_model_config(self.model_dir)
         else:
-            model = ModelConfig.preset(self.preset)
+            model = ModelConfig.preset(self.preset, seed=self.model_seed)
         cache = CacheConfig(
             block_size=self.block_size,
             num_gpu_blocks=self.kv_blocks,

@@ -24,6 +24,7 @@ from ..traces.writer import RunWriter
 from .client import Progress, drive
 from .cuda_timing import make_step_timer
 from .device_sampler import DeviceSampler
+from .faults import FaultOptions
 from .profiler_window import ProfilerWindow
 from .recorder import RunRecorder
 from .run_options import RunOptions
@@ -46,7 +47,10 @@ def record_run(
     command: list[str] | None = None,
     on_progress: ProgressCallback | None = None,
     progress_interval_s: float = 0.25,
+    faults: FaultOptions | None = None,
 ) -> SessionResult:
+    """`faults` (diagnosis experiments only) slow named parts of the engine for real;
+    the manifest's `config.faults` says so."""
     out_dir = Path(out_dir)
     created = _claim_directory(out_dir)
     try:
@@ -65,6 +69,7 @@ def record_run(
             "run_options": options.to_dict(),
             "engine_config": dataclasses.asdict(engine.config),
             "num_kv_blocks": engine.block_manager.num_blocks,
+            **({"faults": faults.to_dict()} if faults is not None and faults.active else {}),
         },
         environment_info=environment.fingerprint(deep=True),
     )
@@ -83,12 +88,13 @@ def record_run(
                 writer.table("spans").append, options.engine.device, step_timer=step_timer
             ).attach()
             step_timer = triton_probe  # it wraps the CUDA timer: launches know their step
-        engine.observer = RunRecorder(
+        recorder = RunRecorder(
             writer,
             step_timer=step_timer,
             window=window,
             decode=engine.tokenizer.decode if options.probes.record_text else None,
         )
+        engine.observer = faults.wrap(recorder) if faults is not None else recorder
         if options.probes.device_sampling:
             sampler = DeviceSampler(writer.table("counters").append,
                                     options.probes.sample_period_s).start()  # fmt: skip

@@ -31,7 +31,7 @@ def basic(tmp_path):
 
 
 def test_tables_and_metrics_json(basic):
-    text = analyze(basic, "--full-run", "--slo", "ttft=10ms")
+    text = analyze(basic, "--full-run", "--details", "--slo", "ttft=10ms")
     for title in ("latency", "TTFT critical path", "ITL attribution", "load (triage step 2)",
                   "steps and their cost", "prefix cache"):  # fmt: skip
         assert title in text

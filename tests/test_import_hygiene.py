@@ -25,6 +25,15 @@ HEAVY = ("torch", "triton", "textual", "aiohttp")
         ],
         ["perfdiag.analyzers.serving", "perfdiag.cli.analyze"],
         [
+            "perfdiag.analyzers.findings",
+            "perfdiag.analyzers.compare",
+            "perfdiag.playbooks.schema",
+            "perfdiag.playbooks.evaluate",
+            "perfdiag.playbooks.comparison",
+            "perfdiag.playbooks.report",
+            "perfdiag.cli.compare",
+        ],
+        [
             "perfdiag.traces.exporters",
             "perfdiag.traces.exporters.layout",
             "perfdiag.traces.exporters.perfetto",

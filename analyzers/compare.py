@@ -1,0 +1,387 @@
+"""Two runs side by side (triage steps 6 and 7): what changed between them, how the
+end-to-end metrics moved, and whether the outputs are still the same.
+
+- `config_diff`: every setting that differs, as *variables*: an engine option, a workload
+  field (the arrival's rate, cap and process separately), injected faults, a package or
+  hardware difference. Measurement settings (probes) are listed apart: they change what
+  is recorded, not what is measured. Step 6 asks that one main variable changes.
+- `metric_deltas`: percentiles of TTFT, TPOT, ITL and E2E with bootstrap confidence
+  intervals on the difference B − A (requests resampled with replacement, each run on its
+  own; ITL resamples whole requests with all their gaps, since a request's gaps are not
+  independent). Seeded: the same runs give the same intervals.
+- `correctness`: per request, the output digest of B against A (same request id, both
+  ended normally), the mismatch rate, and log-probability differences where recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..traces.manifest import Manifest
+from ..traces.reader import Run
+from .findings import SEVERITIES, Triage
+from .lifecycle import Missing
+from .serving import ServingAnalysis
+
+# Workload fields that decide which requests a run sends (not when it sends them).
+PROMPT_FIELDS = ("seed", "requests", "prompt_len", "output_len", "shared_prefix", "replay")
+_ENV_KEYS = (
+    "python",
+    "implementation",
+    "platform",
+    "cpu_model",
+    "cpu_count",
+    "cuda_runtime",
+    "hip_runtime",
+    "gpus",
+)
+_WORKLOAD_SKIP = ("name", "description")
+
+
+@dataclass(frozen=True)
+class Change:
+    name: str  # engine.chunk_size, workload.arrival.rate, environment.torch, …
+    kind: str  # config | environment | measurement
+    a: str
+    b: str
+
+
+@dataclass(frozen=True)
+class ConfigDiff:
+    changes: tuple[Change, ...]
+    notes: tuple[str, ...]  # differences that are not variables (host name, a dirty tree)
+
+    @property
+    def variables(self) -> tuple[Change, ...]:
+        """The main variables that changed: configuration and environment."""
+        return tuple(c for c in self.changes if c.kind != "measurement")
+
+
+def _show(value) -> str:
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def _flatten(data, prefix: str = "") -> dict[str, object]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        out.update(_flatten(value, name) if isinstance(value, dict) else {name: value})
+    return out
+
+
+def _diff(a: dict, b: dict, kind: str, prefix: str) -> list[Change]:
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if _show(va) != _show(vb):
+            out.append(Change(f"{prefix}{key}", kind, _show(va), _show(vb)))
+    return out
+
+
+def _workload_vars(w: dict) -> dict[str, object]:
+    out = {k: v for k, v in w.items() if k not in _WORKLOAD_SKIP and k != "arrival"}
+    for key, value in (w.get("arrival") or {}).items():  # rate, cap, process: separate knobs
+        out[f"arrival.{key}"] = value
+    return out
+
+
+def config_diff(a: Manifest, b: Manifest) -> ConfigDiff:
+    ra, rb = a.config.get("run_options"), b.config.get("run_options")
+    changes: list[Change] = []
+    if isinstance(ra, dict) and isinstance(rb, dict):
+        changes += _diff(ra.get("engine") or {}, rb.get("engine") or {}, "config", "engine.")
+        wa, wb = _workload_vars(ra.get("workload") or {}), _workload_vars(rb.get("workload") or {})
+        changes += _diff(wa, wb, "config", "workload.")
+        changes += _diff(ra.get("probes") or {}, rb.get("probes") or {}, "measurement", "probes.")
+        # Injected faults (diagnosis experiments): an unset fault is the same as none.
+        fa = {k: v for k, v in (a.config.get("faults") or {}).items() if v}
+        fb = {k: v for k, v in (b.config.get("faults") or {}).items() if v}
+        changes += _diff(fa, fb, "config", "faults.")
+    else:  # not recorded by `perfdiag run`: every configuration leaf is a variable
+        changes += _diff(_flatten(a.config), _flatten(b.config), "config", "config.")
+    ea, eb = a.environment, b.environment
+    env_a = {k: ea.get(k) for k in _ENV_KEYS} | (ea.get("packages") or {})
+    env_b = {k: eb.get(k) for k in _ENV_KEYS} | (eb.get("packages") or {})
+    env_a["perfdiag"], env_b["perfdiag"] = a.perfdiag_version, b.perfdiag_version
+    notes = []
+    rev_a, rev_b = (str(e.get("git_revision") or "") for e in (ea, eb))
+    env_a["code revision"] = rev_a.removesuffix("-dirty")
+    env_b["code revision"] = rev_b.removesuffix("-dirty")
+    if rev_a != rev_b and env_a["code revision"] == env_b["code revision"]:
+        notes.append(
+            f"the source tree was {'dirty' if rev_a.endswith('-dirty') else 'clean'} "
+            f"in A and {'dirty' if rev_b.endswith('-dirty') else 'clean'} in B"
+        )
+    changes += _diff(env_a, env_b, "environment", "environment.")
+    if ea.get("hostname") != eb.get("hostname"):
+        notes.append(f"recorded on {ea.get('hostname')} and {eb.get('hostname')}")
+    return ConfigDiff(tuple(changes), tuple(notes))
+
+
+# -- metric deltas ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MetricDelta:
+    metric: str  # ttft.p50, itl.p99, throughput.output, …
+    label: str
+    unit: str  # ms | tokens/s | req/s
+    a: float
+    b: float
+    delta: float  # b − a
+    relative: float  # delta / a
+    ci_low: float  # bootstrap interval of the delta (NaN: no interval)
+    ci_high: float
+    significant: bool  # the interval excludes 0
+    verdict: str  # better | worse | same | unknown
+
+
+_PERCENTILE_METRICS = (
+    ("ttft", "TTFT", "ttft_s", (50, 90, 99)),
+    ("tpot", "TPOT", "tpot_s", (50, 99)),
+    ("itl", "ITL", None, (50, 99)),
+    ("e2e", "E2E", "e2e_s", (50, 99)),
+)
+
+
+def _request_values(s: ServingAnalysis) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """Per metric: values and the request each belongs to (measured requests only)."""
+    if isinstance(s.metrics, Missing):
+        return None
+    pr = s.metrics.per_request
+    sel = pr["in_window"].to_numpy(bool)
+    out = {}
+    for key, _, column, _ in _PERCENTILE_METRICS:
+        if column is None:
+            continue
+        v = pr[column].to_numpy("float64")[sel]
+        ok = np.isfinite(v)
+        out[key] = (v[ok], np.flatnonzero(sel)[ok])
+    g = s.metrics.gaps
+    gsel = sel[g["code"].to_numpy()] if len(g) else np.zeros(0, dtype=bool)
+    out["itl"] = (g["gap_s"].to_numpy("float64")[gsel], g["code"].to_numpy()[gsel])
+    return out
+
+
+def _bootstrap(values: np.ndarray, groups: np.ndarray, qs, n: int, rng) -> np.ndarray:
+    """Percentiles `qs` of `n` resamples drawing whole groups (requests) with replacement:
+    an (n, len(qs)) array."""
+    if len(values) == 0:
+        return np.full((n, len(qs)), np.nan)
+    order = np.argsort(groups, kind="stable")
+    values, groups = values[order], groups[order]
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    lengths = np.diff(np.r_[starts, len(values)])
+    out = np.empty((n, len(qs)))
+    for i in range(n):
+        pick = rng.integers(0, len(starts), len(starts))
+        ln = lengths[pick]
+        offsets = np.repeat(starts[pick] - np.r_[0, np.cumsum(ln)[:-1]], ln)
+        out[i] = np.percentile(values[offsets + np.arange(ln.sum())], qs)
+    return out
+
+
+def metric_deltas(
+    a: ServingAnalysis, b: ServingAnalysis, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[MetricDelta, ...]:
+    va, vb = _request_values(a), _request_values(b)
+    if va is None or vb is None:
+        return ()
+    rng = np.random.default_rng(seed)
+    lo_q, hi_q = 50 * (1 - level), 50 * (1 + level)
+    out = []
+    for key, label, _, percentiles in _PERCENTILE_METRICS:
+        (xa, ga), (xb, gb) = va[key], vb[key]
+        diffs = _bootstrap(xb, gb, percentiles, n_boot, rng) - _bootstrap(
+            xa, ga, percentiles, n_boot, rng
+        )
+        for j, p in enumerate(percentiles):
+            pa = float(np.percentile(xa, p)) if len(xa) else np.nan
+            pb = float(np.percentile(xb, p)) if len(xb) else np.nan
+            ok = diffs[:, j][np.isfinite(diffs[:, j])]
+            lo, hi = np.percentile(ok, [lo_q, hi_q]) if len(ok) else (np.nan, np.nan)
+            out.append(
+                _delta(
+                    f"{key}.p{p}",
+                    f"{label} p{p}",
+                    "ms",
+                    pa * 1e3,
+                    pb * 1e3,
+                    lo * 1e3,
+                    hi * 1e3,
+                    lower_is_better=True,
+                )
+            )
+    for key, label, unit, get in (
+        ("throughput.output", "output throughput", "tokens/s", lambda t: t.output_tokens_per_s),
+        ("throughput.requests", "request throughput", "req/s", lambda t: t.requests_per_s),
+    ):
+        ta, tb = get(a.metrics.throughput), get(b.metrics.throughput)
+        out.append(_delta(key, label, unit, ta, tb, np.nan, np.nan, lower_is_better=False))
+    return tuple(out)
+
+
+def _delta(metric, label, unit, a, b, lo, hi, lower_is_better: bool) -> MetricDelta:
+    delta = b - a
+    significant = bool(np.isfinite(lo) and np.isfinite(hi) and (lo > 0 or hi < 0))
+    if not np.isfinite(delta):
+        verdict = "unknown"
+    elif not np.isfinite(lo):
+        verdict = "unknown" if delta else "same"
+    elif not significant:
+        verdict = "same"
+    else:
+        verdict = "better" if (delta < 0) == lower_is_better else "worse"
+    rel = delta / a if a and np.isfinite(a) else float("nan")
+    return MetricDelta(
+        metric,
+        label,
+        unit,
+        float(a),
+        float(b),
+        float(delta),
+        float(rel),
+        float(lo),
+        float(hi),
+        significant,
+        verdict,
+    )
+
+
+# -- correctness -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Correctness:
+    comparable: bool
+    reason: str  # why not comparable, or what was compared
+    compared: int  # requests that ended normally in both runs
+    mismatched: int
+    mismatch_rate: float
+    length_mismatched: int  # of the mismatches, those whose output lengths differ
+    mismatched_ids: tuple[str, ...]
+    logprobs: str  # what the log-probability check could do
+    max_logprob_diff: float
+
+
+def correctness(a: Run, b: Run) -> Correctness:
+    wa = (a.manifest.config.get("run_options") or {}).get("workload")
+    wb = (b.manifest.config.get("run_options") or {}).get("workload")
+    if isinstance(wa, dict) and isinstance(wb, dict):
+        differ = [k for k in PROMPT_FIELDS if _show(wa.get(k)) != _show(wb.get(k))]
+        if differ:
+            reason = f"the runs send different requests (workload {', '.join(differ)} differ)"
+            return Correctness(False, reason, 0, 0, float("nan"), 0, (), "not compared", np.nan)
+    cols = ["request_id", "finish_reason", "output_tokens", "output_digest", "args"]
+    ra, rb = a.requests[cols], b.requests[cols]
+    pairs = ra.merge(rb, on="request_id", suffixes=("_a", "_b"))
+    ok = (
+        pairs["finish_reason_a"].isin(["stop", "length"]).to_numpy()
+        & pairs["finish_reason_b"].isin(["stop", "length"]).to_numpy()
+    )
+    ok &= pairs["output_digest_a"].notna().to_numpy() & pairs["output_digest_b"].notna().to_numpy()
+    pairs = pairs[ok]
+    if not len(pairs):
+        return Correctness(
+            False,
+            "no request ended normally in both runs with an output digest",
+            0,
+            0,
+            float("nan"),
+            0,
+            (),
+            "not compared",
+            np.nan,
+        )
+    differs = (pairs["output_digest_a"] != pairs["output_digest_b"]).to_numpy()
+    lengths = (pairs["output_tokens_a"] != pairs["output_tokens_b"]).to_numpy(bool, na_value=False)
+    logprobs, max_diff = _logprob_diff(pairs)
+    ids = tuple(pairs["request_id"].astype(str).to_numpy()[differs][:10])
+    n = len(pairs)
+    return Correctness(
+        True,
+        f"{n} requests that ended normally in both runs",
+        n,
+        int(differs.sum()),
+        float(differs.mean()),
+        int((differs & lengths).sum()),
+        ids,
+        logprobs,
+        max_diff,
+    )
+
+
+def _logprob_diff(pairs: pd.DataFrame) -> tuple[str, float]:
+    """|Δ| of a request's summed output log-probability, where both runs recorded one
+    (`args.cumulative_logprob`)."""
+
+    def read(text) -> float:
+        try:
+            value = json.loads(text).get("cumulative_logprob") if isinstance(text, str) else None
+        except (json.JSONDecodeError, AttributeError):
+            value = None
+        return float(value) if isinstance(value, int | float) else np.nan
+
+    la = np.array([read(t) for t in pairs["args_a"]])
+    lb = np.array([read(t) for t in pairs["args_b"]])
+    both = np.isfinite(la) & np.isfinite(lb)
+    if not both.any():
+        return "not recorded", float("nan")
+    diff = np.abs(la[both] - lb[both])
+    return f"{int(both.sum())} requests: max |Δ| {diff.max():.3g}", float(diff.max())
+
+
+# -- findings that appeared or disappeared ---------------------------------------------------
+@dataclass(frozen=True)
+class FindingChange:
+    check: str
+    title: str
+    status: str  # appeared | disappeared | worse | better
+    severity_a: str | None
+    severity_b: str | None
+
+
+def finding_changes(a: Triage, b: Triage) -> tuple[FindingChange, ...]:
+    """Warnings and critical findings in one triage and not the other, or at another
+    severity (the data-trust gate included; steps 6 and 7 left out: they compare)."""
+
+    def index(t: Triage) -> dict:
+        return {f.check: f for f in t.findings if f.severity != "info" and f.step < 6}
+
+    fa, fb = index(a), index(b)
+    out = []
+    for check in [*fa, *(c for c in fb if c not in fa)]:
+        x, y = fa.get(check), fb.get(check)
+        if x is None or y is None:
+            out.append(
+                FindingChange(
+                    check,
+                    (y or x).title,
+                    "appeared" if x is None else "disappeared",
+                    x and x.severity,
+                    y and y.severity,
+                )
+            )
+        elif x.severity != y.severity:
+            worse = SEVERITIES.index(y.severity) > SEVERITIES.index(x.severity)
+            out.append(
+                FindingChange(
+                    check, y.title, "worse" if worse else "better", x.severity, y.severity
+                )
+            )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    run_a: str
+    run_b: str
+    diff: ConfigDiff
+    deltas: tuple[MetricDelta, ...]
+    correctness: Correctness
+    findings: tuple[FindingChange, ...]
+    triage: Triage  # run B's triage against A as its baseline (steps 6 and 7 included)

@@ -1,0 +1,254 @@
+"""The diagnosis scenarios: the reference engine under deliberately broken conditions,
+each with the triage check its top finding must be.
+
+Every fault is real: a configuration that breaks the named part (a client cap, a rate
+above capacity, chunked prefill off, a KV pool too small, prefix caching off) or an
+engine hook that really spends time at the named point (probes/faults.py). Nothing
+writes an event. Each scenario has a variant with other numbers, another workload shape
+or another mechanism, so the playbook thresholds are not fitted to one configuration.
+
+This module imports only perfdiag, so tests can load it by path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfdiag import load_run
+from perfdiag.analyzers.findings import Triage
+from perfdiag.playbooks.evaluate import run_triage
+from perfdiag.playbooks.facts import TriageContext
+from perfdiag.probes.faults import FaultOptions
+from perfdiag.probes.run_options import EngineOptions, ProbeOptions, RunOptions
+from perfdiag.probes.session import record_run
+from perfdiag.probes.workload import ArrivalSpec, LengthSpec, PrefixSpec, WorkloadSpec
+
+HEALTHY = "none critical"  # what a healthy run must show
+
+_ENGINE = dict(preset="tiny", kv_cache_mb=8.0, max_seqs=16, chunk_size=64)
+_WORKLOAD = dict(
+    requests=48,
+    warmup=4,
+    seed=1,
+    arrival=ArrivalSpec(mode="open", rate=15.0, process="poisson"),
+    prompt_len=LengthSpec.parse("uniform:16:96"),
+    output_len=LengthSpec.parse("uniform:8:32"),
+)
+
+
+def _open(rate: float, cap: int | None = None, process: str = "poisson", **kw) -> ArrivalSpec:
+    return ArrivalSpec(mode="open", rate=rate, concurrency=cap, process=process, **kw)
+
+
+def _closed(n: int) -> ArrivalSpec:
+    return ArrivalSpec(mode="closed", concurrency=n)
+
+
+def _len(text: str) -> LengthSpec:
+    return LengthSpec.parse(text)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    cause: str  # the broken condition, in words
+    expected: str  # the check id the top finding must be (HEALTHY: nothing critical)
+    engine: dict = field(default_factory=dict)  # EngineOptions overrides
+    workload: dict = field(default_factory=dict)  # WorkloadSpec overrides
+    faults: FaultOptions | None = None
+    variant_of: str | None = None
+
+    def options(self, requests: int | None = None) -> RunOptions:
+        work = _WORKLOAD | self.workload
+        if requests is not None:
+            work |= {"requests": requests, "warmup": min(work["warmup"], requests // 8)}
+        return RunOptions(
+            EngineOptions(**(_ENGINE | self.engine)),
+            WorkloadSpec(name=self.name, **work),
+            ProbeOptions(device_sampling=False),
+        )
+
+    def record(self, out_dir: Path, requests: int | None = None) -> Path:
+        record_run(
+            self.options(requests),
+            out_dir,
+            command=["benchmarks.diagnosis", self.name],
+            faults=self.faults,
+        )
+        return out_dir
+
+    def diagnose(self, run_dir: Path) -> Triage:
+        return run_triage(TriageContext(load_run(run_dir)))
+
+    def verdict(self, triage: Triage) -> bool:
+        if self.expected == HEALTHY:
+            return not any(f.severity == "critical" for f in triage.findings)
+        return triage.top is not None and triage.top.check == self.expected
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("healthy", "nothing: load within capacity, defaults", HEALTHY),
+    Scenario(
+        "healthy-closed",
+        "nothing: closed loop, shared prefixes, cache on",
+        HEALTHY,
+        workload=dict(arrival=_closed(4), shared_prefix=PrefixSpec(4, 64, 1.0)),
+        variant_of="healthy",
+    ),
+    Scenario(
+        "client-cap",
+        "client concurrency cap below what the target rate needs",
+        "client-back-pressure",
+        workload=dict(arrival=_open(30.0, cap=1), output_len=_len("uniform:48:80")),
+    ),
+    Scenario(
+        "client-cap-b",
+        "cap of 2 under a steady rate, long outputs",
+        "client-back-pressure",
+        workload=dict(
+            arrival=_open(16.0, cap=2, process="constant"),
+            seed=5,
+            output_len=_len("uniform:96:160"),
+        ),
+        variant_of="client-cap",
+    ),
+    Scenario(
+        "over-capacity",
+        "arrival rate above capacity",
+        "over-capacity",
+        engine=dict(max_seqs=4),
+        workload=dict(requests=64, arrival=_open(120.0), output_len=_len("uniform:24:48")),
+    ),
+    Scenario(
+        "over-capacity-b",
+        "bursty arrivals above capacity, longer prompts",
+        "over-capacity",
+        engine=dict(max_seqs=2),
+        workload=dict(
+            requests=64,
+            seed=9,
+            arrival=_open(70.0, process="gamma", burstiness=0.5),
+            prompt_len=_len("uniform:64:160"),
+            output_len=_len("uniform:16:40"),
+        ),
+        variant_of="over-capacity",
+    ),
+    Scenario(
+        "long-prompts-no-chunking",
+        "long prompts without chunked prefill beside decodes",
+        "itl-prefill-interference",
+        engine=dict(preset="small", chunk_size=None, kv_cache_mb=64.0),
+        workload=dict(
+            requests=24,
+            warmup=2,
+            arrival=_open(2.0),
+            prompt_len=_len("lognormal:48:1.3:16:1500"),
+            output_len=_len("uniform:16:32"),
+        ),
+    ),
+    Scenario(
+        "long-prompts-huge-chunks",
+        "chunking on, but chunks as long as the prompts",
+        "itl-prefill-interference",
+        engine=dict(preset="small", chunk_size=2048, kv_cache_mb=64.0),
+        workload=dict(
+            requests=24,
+            warmup=2,
+            seed=3,
+            arrival=_open(3.0, process="constant"),
+            prompt_len=_len("lognormal:40:1.5:16:1800"),
+            output_len=_len("uniform:32:64"),
+        ),
+        variant_of="long-prompts-no-chunking",
+    ),
+    Scenario(
+        "kv-too-small",
+        "KV pool too small: preemption storm",
+        "preemption-storm",
+        engine=dict(kv_blocks=20),
+        workload=dict(
+            arrival=_open(30.0), prompt_len=_len("uniform:16:48"), output_len=_len("uniform:96:160")
+        ),
+    ),
+    Scenario(
+        "kv-too-small-swap",
+        "small KV pool, swap preemption, closed loop",
+        "preemption-storm",
+        engine=dict(kv_blocks=28, preemption="swap"),
+        workload=dict(
+            arrival=_closed(12),
+            seed=4,
+            prompt_len=_len("uniform:24:64"),
+            output_len=_len("uniform:128:192"),
+        ),
+        variant_of="kv-too-small",
+    ),
+    Scenario(
+        "slow-input",
+        "slow input processing (15 ms per request before tokenising)",
+        "slow-input",
+        faults=FaultOptions(input_delay_ms=15.0),
+    ),
+    Scenario(
+        "slow-input-cpu",
+        "CPU-bound input processing proportional to the prompt",
+        "slow-input",
+        faults=FaultOptions(input_delay_per_token_us=150.0, busy=True),
+        workload=dict(arrival=_closed(3), seed=6, prompt_len=_len("uniform:48:128")),
+        variant_of="slow-input",
+    ),
+    Scenario(
+        "host-bound",
+        "host work between forward passes (3 ms after each step)",
+        "host-bound",
+        faults=FaultOptions(step_gap_ms=3.0),
+    ),
+    Scenario(
+        "host-bound-scheduler",
+        "a slow CPU-bound scheduler (2 ms spin in every step)",
+        "host-bound",
+        faults=FaultOptions(schedule_delay_ms=2.0, busy=True),
+        workload=dict(arrival=_closed(8), seed=8),
+        variant_of="host-bound",
+    ),
+    Scenario(
+        "prefix-cache-off",
+        "shared-prefix workload with prefix caching off",
+        "prefix-not-reused",
+        engine=dict(prefix_cache=False),
+        workload=dict(
+            arrival=_closed(8),
+            shared_prefix=PrefixSpec(4, 256, 1.0),
+            prompt_len=_len("uniform:16:48"),
+            output_len=_len("16"),
+        ),
+    ),
+    Scenario(
+        "prefix-cache-off-b",
+        "many cold prefixes, open loop, caching off",
+        "prefix-not-reused",
+        engine=dict(prefix_cache=False),
+        workload=dict(
+            arrival=_open(20.0),
+            seed=2,
+            shared_prefix=PrefixSpec(8, 192, 0.5),
+            prompt_len=_len("uniform:8:64"),
+            output_len=_len("uniform:8:24"),
+        ),
+        variant_of="prefix-cache-off",
+    ),
+)
+
+
+def by_name(name: str) -> Scenario:
+    for s in SCENARIOS:
+        if s.name == name:
+            return s
+    raise KeyError(f"no scenario {name!r}; scenarios: {', '.join(s.name for s in SCENARIOS)}")
+
+
+def varied(scenario: Scenario, **workload) -> Scenario:
+    """The scenario with other workload numbers (tests vary what the suite fixed)."""
+    return dataclasses.replace(scenario, workload=scenario.workload | workload)

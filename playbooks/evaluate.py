@@ -1,0 +1,157 @@
+"""Walk a playbook over a run: every check's fact, its condition, the findings, ranked.
+
+Ranking says what to fix first:
+1. qualifiers: the gate's findings (data-trust problems) and step 1's (the run cannot be
+   reproduced, or its repeats are noisy) — they qualify everything after them;
+2. root causes: warnings and critical findings that no other fired finding explains,
+   most severe first, then by impact (the share of the problem they explain), then in
+   triage order;
+3. consequences: findings explained by a fired root (`consequence_of` in the playbook),
+   kept with the root they follow from — a queue that grows because the KV pool thrashes
+   is real, but the pool is what to fix;
+4. informational findings.
+"""
+
+from __future__ import annotations
+
+from ..analyzers.findings import (
+    QUALIFYING_STEP,
+    CheckOutcome,
+    Finding,
+    ScenarioResult,
+    StepResult,
+    Triage,
+    severity_rank,
+)
+from . import template
+from .facts import Fact, TriageContext, Unavailable, evaluate_fact
+from .schema import Check, Playbook, Scenario, load_playbook, load_scenarios
+
+
+def run_triage(
+    ctx: TriageContext,
+    playbook: Playbook | None = None,
+    scenarios: tuple[Scenario, ...] | None = None,
+) -> Triage:
+    playbook = playbook or load_playbook()
+    if scenarios is None:
+        scenarios = load_scenarios(playbook)
+    findings: list[Finding] = []
+    steps: list[StepResult] = []
+    for step in playbook.steps:
+        outcomes = []
+        for check in step.checks:
+            result = evaluate_fact(check.fact, ctx, dict(check.params))
+            if isinstance(result, Unavailable):
+                outcomes.append(CheckOutcome(check.id, "not-evaluated", reason=result.reason))
+                continue
+            severity = check.condition.severity(result.value)
+            outcomes.append(
+                CheckOutcome(
+                    check.id, "passed" if severity is None else "fired", _plain(result.value)
+                )
+            )
+            if severity is not None:
+                findings.append(_finding(check, step.step, step.title, severity, result))
+        steps.append(_step_result(step.step, step.title, outcomes, findings))
+    ranked = _rank(findings, playbook)
+    return Triage(
+        run_id=ctx.run.manifest.run_id,
+        run_path=str(ctx.run.path),
+        playbook=playbook.name,
+        findings=ranked,
+        steps=tuple(steps),
+        scenarios=tuple(_scenario(s, ctx, ranked) for s in scenarios),
+        baseline=ctx.baseline.run.manifest.run_id if ctx.baseline is not None else None,
+    )
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def _finding(check: Check, step: int, step_title: str, severity: str, fact: Fact) -> Finding:
+    values = fact.values()
+    evidence = fact.evidence
+    if check.evidence is not None:
+        evidence = tuple(e for e in evidence if e.name in check.evidence)
+    return Finding(
+        check=check.id,
+        step=step,
+        step_title=step_title,
+        severity=severity,
+        title=template.render(check.title, values),
+        explanation=template.render(check.explanation, values).strip(),
+        recommendations=tuple(template.render(t, values) for t in check.next),
+        evidence=evidence,
+        ids=tuple(i for i in fact.ids if i.ids),
+        figures=check.figures,
+        value=_plain(fact.value),
+        impact=float(fact.impact) if fact.impact == fact.impact else 0.0,
+    )
+
+
+def _step_result(number: int, title: str, outcomes: list[CheckOutcome], findings) -> StepResult:
+    serious = any(f.step == number and f.severity != "info" for f in findings)
+    missing = sum(o.status == "not-evaluated" for o in outcomes)
+    if serious:
+        status = "findings"
+    elif outcomes and missing == len(outcomes):
+        status = "not-evaluated"
+    elif missing:
+        status = "partial"
+    else:
+        status = "ok"
+    return StepResult(number, title, status, tuple(outcomes))
+
+
+def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
+    fired = {f.check for f in findings if f.severity != "info"}
+    order = {c.id: i for i, c in enumerate(c for s in playbook.steps for c in s.checks)}
+
+    def root_of(check: str) -> str | None:
+        # The first fired check it follows from, followed to the end of the chain (the
+        # playbook has no cycles): a queue that follows saturation that follows a
+        # preemption storm is the storm's.
+        root = next((r for r in playbook.check(check).consequence_of if r in fired), None)
+        while root is not None:
+            up = next((r for r in playbook.check(root).consequence_of if r in fired), None)
+            if up is None:
+                return root
+            root = up
+        return None
+
+    resolved = [
+        _replace(f, consequence_of=root_of(f.check) if f.severity != "info" else None)
+        for f in findings
+    ]
+
+    def key(f: Finding):
+        if f.severity == "info":
+            group = 3
+        elif f.step <= QUALIFYING_STEP:
+            group = 0
+        else:
+            group = 2 if f.consequence_of else 1
+        return (group, -severity_rank(f.severity), -round(f.impact, 3), f.step, order[f.check])
+
+    ranked = sorted(resolved, key=key)
+    return tuple(_replace(f, rank=i + 1) for i, f in enumerate(ranked))
+
+
+def _replace(f: Finding, **changes) -> Finding:
+    from dataclasses import replace
+
+    return replace(f, **changes)
+
+
+def _scenario(s: Scenario, ctx: TriageContext, ranked: tuple[Finding, ...]) -> ScenarioResult:
+    result = evaluate_fact(s.symptom_fact, ctx, dict(s.symptom_params))
+    route = set(s.route)
+    explained = tuple(f.check for f in ranked if f.check in route and f.severity != "info")
+    if isinstance(result, Unavailable):
+        return ScenarioResult(s.id, s.title, "unknown", None, explained, result.reason)
+    present = s.symptom.severity(result.value) is not None
+    return ScenarioResult(
+        s.id, s.title, "present" if present else "absent", _plain(result.value), explained
+    )

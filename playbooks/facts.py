@@ -1,0 +1,190 @@
+"""The registry of named facts a playbook's checks compare, and what they read.
+
+A fact is a Python function of the triage context (the run, its serving analysis, and
+optionally repeats of it and a baseline run) returning a `Fact` — one value to compare
+plus the evidence behind it — or `Unavailable`, naming what the run lacks. Playbooks
+(YAML) choose the fact, its parameters, the threshold and the words; the arithmetic
+stays here, tested, never in the YAML. Each fact declares its parameters and the
+evidence names its text may use, so a playbook is checked completely when it loads.
+
+The fact modules register themselves when imported (see `load_registry`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..analyzers.findings import Evidence, IdList
+from ..analyzers.lifecycle import Missing
+from ..analyzers.serving import ServingAnalysis, analyze_serving
+from ..traces.reader import Run
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Fact:
+    value: float | int | str | bool | None
+    evidence: tuple[Evidence, ...] = ()
+    ids: tuple[IdList, ...] = ()
+    impact: float = 0.0  # 0..1, the share of the problem it explains (ranks findings)
+
+    def values(self) -> dict[str, Any]:
+        return {e.name: e.value for e in self.evidence} | {"value": self.value}
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    reason: str  # what the run lacks, e.g. "the run has no steps table"
+
+
+@dataclass(frozen=True)
+class Param:
+    type: type
+    default: Any = REQUIRED
+    choices: tuple = ()
+
+
+@dataclass(frozen=True)
+class FactSpec:
+    name: str
+    fn: Callable[..., Fact | Unavailable]
+    params: dict[str, Param]
+    provides: tuple[str, ...]  # evidence names (plus "value") a text may use
+    doc: str = ""
+
+
+FACTS: dict[str, FactSpec] = {}
+
+
+def fact(name: str, provides: tuple[str, ...] = (), **params: Param):
+    """Register `fn(ctx, **params)` as the fact `name`."""
+
+    def register(fn):
+        doc = (fn.__doc__ or "").strip().split("\n\n")[0]
+        FACTS[name] = FactSpec(name, fn, params, ("value", *provides), " ".join(doc.split()))
+        return fn
+
+    return register
+
+
+def load_registry() -> dict[str, FactSpec]:
+    from . import facts_compare, facts_gate, facts_latency, facts_load, facts_resources  # noqa: F401
+
+    return FACTS
+
+
+def evaluate_fact(name: str, ctx: TriageContext, params: dict) -> Fact | Unavailable:
+    spec = load_registry()[name]
+    args = {k: params.get(k, p.default) for k, p in spec.params.items()}
+    return spec.fn(ctx, **args)
+
+
+class TriageContext:
+    """What facts read. Derived tables are computed on first use and kept."""
+
+    def __init__(
+        self,
+        run: Run,
+        serving: ServingAnalysis | None = None,
+        repeats: tuple[TriageContext, ...] = (),
+        baseline: TriageContext | None = None,
+    ) -> None:
+        self.run = run
+        self.serving = serving if serving is not None else analyze_serving(run)
+        self.repeats = repeats
+        self.baseline = baseline
+        self.memo: dict = {}  # results several facts share (e.g. the metric deltas)
+
+    @property
+    def config(self) -> dict:
+        return self.run.manifest.config or {}
+
+    @property
+    def run_options(self) -> dict:
+        opts = self.config.get("run_options")
+        return opts if isinstance(opts, dict) else {}
+
+    def get(self, name: str):
+        """A serving analysis by name, or None when it could not run."""
+        value = getattr(self.serving, name)
+        return None if isinstance(value, Missing) else value
+
+    def missing(self, name: str) -> Unavailable:
+        value = getattr(self.serving, name)
+        needs = ", ".join(value.needs) if isinstance(value, Missing) else "?"
+        return Unavailable(f"no {name} analysis: the run lacks {needs}")
+
+    @cached_property
+    def phases(self) -> pd.DataFrame:
+        """Per step: seconds in each engine phase (schedule, prepare_inputs, forward,
+        sample, post_process); empty when the run recorded no phases."""
+        sp = self.run.spans
+        sel = (sp["category"] == "phase").to_numpy() & sp["step_id"].notna().to_numpy()
+        ph = sp[sel]
+        if not len(ph):
+            return pd.DataFrame()
+        frame = pd.DataFrame(
+            {
+                "step_id": ph["step_id"].to_numpy(np.int64),
+                "name": ph["name"].astype(str).to_numpy(),
+                "dur_s": ph["dur_ns"].to_numpy(np.float64) / 1e9,
+            }
+        )
+        return frame.pivot_table(index="step_id", columns="name", values="dur_s", aggfunc="sum")
+
+    @cached_property
+    def timeline(self):
+        """The timeline report (GPU gaps, overlap, per-rank breakdown), or None when the
+        run has no spans on a device and no collectives."""
+        sp = self.run.spans
+        if not len(sp):
+            return None
+        on_device = sp["device"].notna().to_numpy() | (sp["category"] == "comm").to_numpy()
+        if not on_device.any():
+            return None
+        from ..analyzers.report import timeline_report
+
+        return timeline_report(self.run)
+
+
+# -- helpers for fact modules ----------------------------------------------------------------
+def ev(name: str, label: str, value, unit: str = "") -> Evidence:
+    if isinstance(value, np.generic):
+        value = value.item()
+    return Evidence(name, label, value, unit)
+
+
+def ms(seconds: float | None) -> float:
+    return float("nan") if seconds is None else float(seconds) * 1e3
+
+
+def share(part: float, whole: float) -> float:
+    return float(part / whole) if whole and whole > 0 and math.isfinite(part) else float("nan")
+
+
+def worst(
+    frame: pd.DataFrame,
+    column: str,
+    label: str,
+    kind: str = "request",
+    n: int = 5,
+    id_column: str = "request_id",
+) -> IdList:
+    """The ids of the `n` rows with the largest positive `column`."""
+    if not len(frame) or column not in frame:
+        return IdList(kind, label, ())
+    values = pd.to_numeric(frame[column], errors="coerce")
+    top = frame[(values > 0).to_numpy()].nlargest(n, column)
+    return IdList(kind, label, tuple(str(v) for v in top[id_column].tolist()))
+
+
+def finite(x) -> bool:
+    return x is not None and isinstance(x, int | float) and math.isfinite(x)

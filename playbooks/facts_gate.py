@@ -1,0 +1,311 @@
+"""Facts of the gate (can the data be trusted?) and of step 1 (can the run be reproduced,
+and how noisy is it?)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..analyzers.findings import IdList
+from .facts import Fact, TriageContext, Unavailable, ev, fact, finite
+
+# Client and engine milestones that must come in this order for one request.
+_CLIENT_ORDER = ("sent", "first_token", "done")
+_ENGINE_ORDER = ("arrival", "tokenize_end", "first_token", "finished")
+
+
+@fact("run_status", provides=("status", "notes"))
+def run_status(ctx: TriageContext) -> Fact:
+    """The run's status: complete, or interrupted / crashed / still running (partial)."""
+    notes = "; ".join(ctx.run.warnings)
+    return Fact(
+        ctx.run.status, (ev("status", "status", ctx.run.status), ev("notes", "notes", notes))
+    )
+
+
+@fact("dropped_records", provides=("dropped", "rows", "tables"))
+def dropped_records(ctx: TriageContext) -> Fact:
+    """Share of rows the recorder could not store (malformed), over every table."""
+    dropped = ctx.run.manifest.extra.get("dropped_records") or {}
+    total_dropped = int(sum(dropped.values()))
+    rows = int(sum(ctx.run.row_counts().values()))
+    share = total_dropped / (rows + total_dropped) if rows + total_dropped else 0.0
+    tables = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())) or "none"
+    evidence = (
+        ev("dropped", "rows dropped", total_dropped),
+        ev("rows", "rows stored", rows),
+        ev("tables", "dropped per table", tables),
+    )
+    return Fact(share, evidence, impact=min(1.0, share * 10))
+
+
+@fact("profiler_window_empty", provides=("requested", "captured", "reason"))
+def profiler_window_empty(ctx: TriageContext) -> Fact | Unavailable:
+    """True when a profiler window was asked for but covers no engine step (it started
+    after the run ended, or none of its ops could be placed in a step)."""
+    info = ctx.run.manifest.extra.get("profiler_window")
+    if not isinstance(info, dict):
+        return Unavailable("the run has no profiler window")
+    requested = info.get("requested_steps")
+    captured = info.get("captured_steps")
+    reason = info.get("reason", "")
+    empty = captured is None
+    if not empty:
+        sp = ctx.run.spans
+        ops = sp[sp["category"].isin(["cpu_op", "kernel"]).to_numpy()]
+        empty = bool(len(ops)) and not ops["step_id"].notna().any()
+        reason = reason or ("no profiled op falls inside a step" if empty else "")
+    evidence = (
+        ev("requested", "requested steps", _steps(requested)),
+        ev("captured", "captured steps", _steps(captured)),
+        ev("reason", "why", reason),
+    )
+    return Fact(bool(empty), evidence)
+
+
+def _steps(pair) -> str:
+    return "–" if not pair else f"{pair[0]}..{pair[1]}"
+
+
+@fact("clock_uncertainty_ms", provides=("origin_ms", "profiler_ms"))
+def clock_uncertainty_ms(ctx: TriageContext) -> Fact | Unavailable:
+    """How far timestamps from different clocks may be off (ms): the manifest's clock
+    origin and, with a profiler window, the pinning of its trace to the run's clock."""
+    origin = ctx.run.manifest.clock.get("uncertainty_ns")
+    window = ctx.run.manifest.extra.get("profiler_window") or {}
+    prof = window.get("clock_sync_uncertainty_ns") if isinstance(window, dict) else None
+    known = [int(x) for x in (origin, prof) if isinstance(x, int | float)]
+    if not known:
+        return Unavailable("the manifest records no clock uncertainty")
+    value = max(known) / 1e6
+    evidence = (
+        ev("origin_ms", "clock origin", ms_or_nan(origin), "ms"),
+        ev("profiler_ms", "profiler trace pinning", ms_or_nan(prof), "ms"),
+    )
+    return Fact(value, evidence)
+
+
+def ms_or_nan(ns) -> float:
+    return float(ns) / 1e6 if isinstance(ns, int | float) else float("nan")
+
+
+@fact("out_of_order", provides=("requests", "bad_requests", "steps", "bad_steps"))
+def out_of_order(ctx: TriageContext) -> Fact | Unavailable:
+    """Share of requests and steps whose times contradict each other: a request's
+    milestones out of order (sent after its first token, …), a step that ends before it
+    starts or overlaps the next one on the same rank."""
+    ev_ = ctx.run.request_events
+    steps = ctx.run.steps
+    if not len(ev_) and not len(steps):
+        return Unavailable("the run has no request events and no steps")
+    bad_req: list[str] = []
+    n_req = 0
+    if len(ev_):
+        first = ev_.pivot_table(
+            index="request_id",
+            columns=["side", "kind"],
+            values="ts_ns",
+            aggfunc="min",
+            observed=True,
+        )
+        n_req = len(first)
+        bad = np.zeros(n_req, dtype=bool)
+        for side, order in (("client", _CLIENT_ORDER), ("engine", _ENGINE_ORDER)):
+            cols = [first[(side, k)].to_numpy("float64") for k in order if (side, k) in first]
+            for i, a in enumerate(cols):
+                for b in cols[i + 1 :]:
+                    bad |= a > b  # NaN compares False: a missing milestone is not disorder
+        bad_req = [str(r) for r in first.index[bad]]
+    bad_steps = _bad_steps(steps)
+    n = n_req + len(steps)
+    value = (len(bad_req) + len(bad_steps)) / n if n else 0.0
+    evidence = (
+        ev("requests", "requests", n_req),
+        ev("bad_requests", "out of order", len(bad_req)),
+        ev("steps", "steps", len(steps)),
+        ev("bad_steps", "inconsistent steps", len(bad_steps)),
+    )
+    ids = (
+        IdList("request", "milestones out of order", tuple(bad_req[:5])),
+        IdList("step", "ends before it starts or overlaps the next", tuple(bad_steps[:5])),
+    )
+    return Fact(value, evidence, ids, impact=min(1.0, value * 10))
+
+
+def _bad_steps(steps: pd.DataFrame) -> list[str]:
+    if not len(steps):
+        return []
+    s = steps.assign(_rank=steps["rank"].fillna(-1)).sort_values(["_rank", "start_ns"])
+    start, end = s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64)
+    same_rank = s["_rank"].to_numpy()[1:] == s["_rank"].to_numpy()[:-1]
+    overlap = np.zeros(len(s), dtype=bool)
+    overlap[:-1] = same_rank & (end[:-1] > start[1:])
+    bad = (end < start) | overlap
+    return [str(v) for v in s["step_id"].to_numpy()[bad]]
+
+
+@fact("incomplete_lifecycles", provides=("requests", "incomplete", "missing"))
+def incomplete_lifecycles(ctx: TriageContext) -> Fact | Unavailable:
+    """Share of requests that ended normally but lack a milestone their side records
+    (client: sent, first token, done; engine: arrival, first token, finished), or that
+    have events but no row in the requests table in a complete run."""
+    req, ev_ = ctx.run.requests, ctx.run.request_events
+    if not len(req) or not len(ev_):
+        return Unavailable("the run has no requests or no request events")
+    ok = req[req["finish_reason"].isin(["stop", "length"]).to_numpy()]
+    have = ev_.groupby(["request_id", "side", "kind"], observed=True).size()
+    have = set(have[have > 0].index)
+    sides = set(ev_["side"].dropna().astype(str))
+    needed = [("client", k) for k in _CLIENT_ORDER if "client" in sides]
+    needed += [("engine", k) for k in ("arrival", "first_token", "finished") if "engine" in sides]
+    ids = ok["request_id"].astype(str).tolist()
+    lacking: dict[str, int] = {}
+    bad = []
+    for rid in ids:
+        gaps = [f"{s}.{k}" for s, k in needed if (rid, s, k) not in have]
+        if gaps:
+            bad.append(rid)
+            for g in gaps:
+                lacking[g] = lacking.get(g, 0) + 1
+    orphans = []
+    if ctx.run.status == "complete":
+        orphans = sorted(set(ev_["request_id"].astype(str)) - set(req["request_id"].astype(str)))
+    n = len(req) + len(orphans)
+    value = (len(bad) + len(orphans)) / n if n else 0.0
+    missing = ", ".join(f"{k} ×{v}" for k, v in sorted(lacking.items()))
+    if orphans:
+        missing = ", ".join(x for x in (missing, f"no requests row ×{len(orphans)}") if x)
+    evidence = (
+        ev("requests", "requests", n),
+        ev("incomplete", "incomplete", len(bad) + len(orphans)),
+        ev("missing", "missing milestones", missing or "none"),
+    )
+    ids_ = (IdList("request", "incomplete lifecycle", tuple((bad + orphans)[:5])),)
+    return Fact(value, evidence, ids_, impact=min(1.0, value * 5))
+
+
+@fact("unexplained_latency", provides=("ttft_share", "itl_share"))
+def unexplained_latency(ctx: TriageContext) -> Fact | Unavailable:
+    """The largest share of TTFT or ITL the decompositions cannot explain (events or steps
+    the run lacks): the later steps' numbers are that much less certain."""
+    ttft, itl = ctx.get("ttft"), ctx.get("itl")
+    if ttft is None and itl is None:
+        return ctx.missing("ttft")
+    t = ttft.remainder_share if ttft is not None else float("nan")
+    i = itl.remainder_share if itl is not None else float("nan")
+    value = max(x for x in (t, i, 0.0) if finite(x))
+    evidence = (
+        ev("ttft_share", "TTFT unexplained", t, "%"),
+        ev("itl_share", "ITL unexplained", i, "%"),
+    )
+    return Fact(value, evidence, impact=value)
+
+
+@fact("missing_tables", provides=("tables", "absent"))
+def missing_tables(ctx: TriageContext) -> Fact:
+    """How many of the run's tables hold no rows (absent or empty: an imported profiler
+    trace has no requests or steps); the checks that need them are not evaluated."""
+    absent = list(ctx.run.missing_tables)
+    empty = [n for n, rows in ctx.run.row_counts().items() if rows == 0]
+    evidence = (
+        ev("tables", "tables without rows", ", ".join(empty) or "none"),
+        ev("absent", "tables with no file", ", ".join(absent) or "none"),
+    )
+    return Fact(len(empty), evidence)
+
+
+# -- step 1 --------------------------------------------------------------------------------
+_PINS = {
+    "perfdiag version": lambda m: m.perfdiag_version,
+    "python version": lambda m: m.environment.get("python"),
+    "framework versions": lambda m: (m.environment.get("packages") or {}).get("torch"),
+    "hardware (CPU/GPU model)": lambda m: (
+        m.environment.get("cpu_model") or m.environment.get("gpus")
+    ),
+    "code revision": lambda m: m.environment.get("git_revision"),
+    "engine configuration": lambda m: (
+        (m.config.get("run_options") or {}).get("engine") or m.config.get("engine_config")
+    ),
+    "workload": lambda m: (m.config.get("run_options") or {}).get("workload"),
+    "workload seed": lambda m: ((m.config.get("run_options") or {}).get("workload") or {}).get(
+        "seed"
+    ),
+}
+
+
+@fact("unpinned", provides=("missing", "pinned"))
+def unpinned(ctx: TriageContext) -> Fact:
+    """How many of the things a reproduction needs the run does not record: versions,
+    hardware, code revision, engine configuration, workload and its seed."""
+    m = ctx.run.manifest
+    missing = [name for name, get in _PINS.items() if get(m) in (None, "", {}, [])]
+    pinned = [name for name in _PINS if name not in missing]
+    evidence = (
+        ev("missing", "not recorded", ", ".join(missing) or "none"),
+        ev("pinned", "recorded", ", ".join(pinned) or "none"),
+    )
+    return Fact(len(missing), evidence, impact=len(missing) / len(_PINS))
+
+
+_SPREAD = (
+    ("ttft_p50", "TTFT p50", lambda m: m.ttft_s.p50),
+    ("ttft_p99", "TTFT p99", lambda m: m.ttft_s.p99),
+    ("itl_p50", "ITL p50", lambda m: m.itl_per_chunk_s.p50),
+    ("itl_p99", "ITL p99", lambda m: m.itl_per_chunk_s.p99),
+    ("throughput", "output tokens/s", lambda m: m.throughput.output_tokens_per_s),
+)
+
+
+@fact("repeat_spread", provides=("runs", *(f"{k}_spread" for k, _, _ in _SPREAD)))
+def repeat_spread(ctx: TriageContext) -> Fact | Unavailable:
+    """Across repeated runs of one configuration: the largest relative spread
+    ((max − min) / median) of TTFT, ITL and throughput — the noise level a difference
+    between two runs must beat."""
+    if not ctx.repeats:
+        return Unavailable("no repeated runs given (perfdiag analyze RUN --repeat OTHER …)")
+    all_metrics = [c.get("metrics") for c in (ctx, *ctx.repeats)]
+    if any(m is None for m in all_metrics):
+        return Unavailable("a repeated run has no serving metrics")
+    evidence = [ev("runs", "runs", len(all_metrics))]
+    spreads = []
+    for key, label, get in _SPREAD:
+        values = np.array([get(m) for m in all_metrics], dtype=float)
+        values = values[np.isfinite(values)]
+        med = float(np.median(values)) if len(values) else float("nan")
+        spread = float((values.max() - values.min()) / med) if len(values) > 1 and med else np.nan
+        evidence.append(ev(f"{key}_spread", f"{label} spread", spread, "%"))
+        if np.isfinite(spread):
+            spreads.append(spread)
+    value = max(spreads) if spreads else float("nan")
+    return Fact(value, tuple(evidence), impact=min(1.0, value if finite(value) else 0.0))
+
+
+@fact("repeat_differences", provides=("differences",))
+def repeat_differences(ctx: TriageContext) -> Fact | Unavailable:
+    """How many configuration or environment settings differ between the run and the
+    runs given as its repeats (a repeat must change nothing)."""
+    if not ctx.repeats:
+        return Unavailable("no repeated runs given (perfdiag analyze RUN --repeat OTHER …)")
+    from ..analyzers.compare import config_diff
+
+    names: list[str] = []
+    for other in ctx.repeats:
+        diff = config_diff(ctx.run.manifest, other.run.manifest)
+        names += [c.name for c in diff.changes if c.name not in names]
+    return Fact(
+        len(names), (ev("differences", "settings that differ", ", ".join(names) or "none"),)
+    )
+
+
+@fact("measured_requests", provides=("requests", "window_s"))
+def measured_requests(ctx: TriageContext) -> Fact | Unavailable:
+    """Requests measured in the analysis window: with few, tail percentiles are noise."""
+    m = ctx.get("metrics")
+    if m is None:
+        return ctx.missing("metrics")
+    n = m.outcomes.requests
+    evidence = (
+        ev("requests", "measured requests", n),
+        ev("window_s", "window", m.window.duration_s, "s"),
+    )
+    return Fact(n, evidence)

@@ -1,0 +1,364 @@
+"""Facts of step 4 (is the CPU, the GPU, a copy or a collective what everyone waits for,
+or the KV memory?) and step 5 (where do cache hits come from, what did they save?)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..analyzers.findings import IdList
+from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
+
+KV_FULL = 0.9  # a pool this full cannot admit more
+GAP_CAUSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
+
+
+def _lowest_rank(steps: pd.DataFrame) -> pd.DataFrame:
+    ranks = steps["rank"].dropna().unique()
+    if len(ranks) > 1:
+        steps = steps[steps["rank"].eq(min(ranks)).fillna(False).to_numpy()]
+    return steps.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def _finished_per_step(ctx: TriageContext) -> pd.Series:
+    e = ctx.run.request_events
+    sel = (e["kind"] == "finished").to_numpy() & (e["side"] == "engine").to_numpy()
+    return e[sel & e["step_id"].notna().to_numpy()]["step_id"].astype("int64").value_counts()
+
+
+@fact(
+    "host_share",
+    provides=(
+        "timing",
+        "steps",
+        "forward_ms",
+        "host_ms",
+        "gap_ms",
+        "schedule_ms",
+        "prepare_ms",
+        "post_ms",
+        "sample_ms",
+    ),
+)
+def host_share(ctx: TriageContext) -> Fact | Unavailable:
+    """Share of the engine's busy time spent on the host rather than computing: the
+    scheduler, input preparation and output processing inside steps, plus the gaps
+    between steps while requests were waiting or running. Device time is the GPU time
+    of each step when measured (CUDA events), else the forward and sample phases."""
+    steps = ctx.run.steps
+    if not len(steps):
+        return Unavailable("the run has no steps table")
+    s = _lowest_rank(steps)
+    ids = s["step_id"].to_numpy(np.int64)
+    wall = (s["end_ns"] - s["start_ns"]).to_numpy(np.float64) / 1e9
+    phases = ctx.phases.reindex(ids) if len(ctx.phases) else pd.DataFrame(index=ids)
+
+    def phase(name: str) -> np.ndarray:
+        return phases[name].to_numpy(np.float64) if name in phases else np.full(len(s), np.nan)
+
+    gpu = s["gpu_time_ns"].to_numpy("float64", na_value=np.nan) / 1e9
+    if np.isfinite(gpu).all():
+        timing, device, host_in = "CUDA events", gpu, np.maximum(wall - gpu, 0.0)
+    elif "forward" in phases and np.isfinite(phase("forward")).any():
+        timing = "engine phases"
+        device = np.nan_to_num(phase("forward")) + np.nan_to_num(phase("sample"))
+        host_in = sum(
+            np.nan_to_num(phase(p)) for p in ("schedule", "prepare_inputs", "post_process")
+        )
+    else:
+        return Unavailable("the run has neither engine phases nor GPU step times")
+    in_system = sum(
+        s[c].to_numpy("float64", na_value=0.0)
+        for c in ("num_running", "num_waiting", "num_swapped")
+    )
+    finished = _finished_per_step(ctx).reindex(ids, fill_value=0).to_numpy(np.float64)
+    start, end = s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64)
+    gap = np.zeros(len(s))
+    gap[:-1] = np.maximum(start[1:] - end[:-1], 0) / 1e9
+    gap = np.where(in_system - finished > 0, gap, 0.0)  # idle with nothing to do is not host time
+    host = host_in + gap
+    value = share(host.sum(), host.sum() + device.sum())
+    n = len(s)
+    evidence = (
+        ev("timing", "device time from", timing),
+        ev("steps", "steps", n),
+        ev("forward_ms", "device time per step", ms(device.mean()), "ms"),
+        ev("host_ms", "host time per step (in and between steps)", ms(host.mean()), "ms"),
+        ev("gap_ms", "between steps, per step", ms(gap.mean()), "ms"),
+        ev("schedule_ms", "schedule, per step", ms(np.nanmean(phase("schedule"))), "ms"),
+        ev("prepare_ms", "prepare inputs, per step", ms(np.nanmean(phase("prepare_inputs"))), "ms"),
+        ev("post_ms", "post-process, per step", ms(np.nanmean(phase("post_process"))), "ms"),
+        ev("sample_ms", "sample, per step", ms(np.nanmean(phase("sample"))), "ms"),
+    )
+    frame = pd.DataFrame({"step_id": ids, "host_s": host})
+    worst_steps = (
+        worst(frame, "host_s", "most host time (in the step and after it)", "step", 5, "step_id"),
+    )
+    return Fact(value, evidence, worst_steps, impact=value if finite(value) else 0.0)
+
+
+@fact(
+    "preemption_rate",
+    provides=(
+        "preemptions",
+        "requests",
+        "recompute",
+        "swap",
+        "recomputed_tokens",
+        "cost_ms",
+        "waiting_s",
+        "pool_blocks",
+        "kv_peak_pct",
+    ),
+)
+def preemption_rate(ctx: TriageContext) -> Fact | Unavailable:
+    """Preemptions per admitted request: requests thrown out of the running batch because
+    the KV pool had no block for them, to be recomputed or swapped back later."""
+    pre = ctx.get("preemptions")
+    if pre is None:
+        return ctx.missing("preemptions")
+    e = ctx.run.request_events
+    admitted = e[(e["kind"] == "scheduled").to_numpy()]["request_id"].nunique()
+    steps = ctx.run.steps
+    pool = (steps["kv_blocks_used"] + steps["kv_blocks_free"]).to_numpy("float64", na_value=np.nan)
+    used = steps["kv_blocks_used"].to_numpy("float64", na_value=np.nan)
+    peak = float(np.nanmax(used / pool)) if len(steps) and np.isfinite(pool).any() else np.nan
+    value = pre.count / admitted if admitted else 0.0
+    evidence = (
+        ev("preemptions", "preemptions", pre.count),
+        ev("requests", "requests admitted", admitted),
+        ev("recompute", "by recompute", pre.recompute),
+        ev("swap", "by swap", pre.swap),
+        ev("recomputed_tokens", "tokens recomputed", pre.recomputed_tokens),
+        ev("cost_ms", "estimated recompute cost", ms(pre.recompute_cost_s), "ms"),
+        ev("waiting_s", "time preempted requests waited", pre.waiting_s, "s"),
+        ev(
+            "pool_blocks",
+            "KV pool (blocks)",
+            int(np.nanmax(pool)) if np.isfinite(pool).any() else None,
+        ),
+        ev("kv_peak_pct", "peak KV use", peak, "%"),
+    )
+    per = pre.per_preemption
+    counts = per["request_id"].value_counts().rename_axis("request_id").reset_index(name="n")
+    ids = [worst(counts, "n", "preempted most often")]
+    if len(steps):
+        ids.append(worst(steps, "num_preempted", "most preemptions", "step", 5, "step_id"))
+    return Fact(value, evidence, tuple(ids), impact=min(1.0, value))
+
+
+@fact(
+    "kv_full_share",
+    provides=("pool_blocks", "full_pct", "waiting_when_full", "steps"),
+    full=Param(float, KV_FULL),
+)
+def kv_full_share(ctx: TriageContext, full: float) -> Fact | Unavailable:
+    """Share of steps in which requests waited while the KV pool was at least `full`
+    in use: admission was limited by KV memory."""
+    steps = ctx.run.steps
+    if not len(steps):
+        return Unavailable("the run has no steps table")
+    used = steps["kv_blocks_used"].to_numpy("float64", na_value=np.nan)
+    pool = used + steps["kv_blocks_free"].to_numpy("float64", na_value=np.nan)
+    waiting = steps["num_waiting"].to_numpy("float64", na_value=np.nan)
+    if not np.isfinite(pool).any() or not np.isfinite(waiting).any():
+        return Unavailable("the steps table records no KV blocks or queue depths")
+    is_full = (used / np.where(pool > 0, pool, np.nan) >= full) & (waiting > 0)
+    value = float(is_full.mean())
+    evidence = (
+        ev("pool_blocks", "KV pool (blocks)", int(np.nanmax(pool))),
+        ev("full_pct", "steps with the pool full and requests waiting", value, "%"),
+        ev(
+            "waiting_when_full",
+            "mean waiting then",
+            float(waiting[is_full].mean()) if is_full.any() else 0.0,
+        ),
+        ev("steps", "steps", len(steps)),
+    )
+    return Fact(value, evidence, impact=value)
+
+
+def _timeline_frames(ctx: TriageContext):
+    tl = ctx.timeline
+    if tl is None or not len(tl.breakdown):
+        return None
+    return tl
+
+
+@fact(
+    "gpu_idle_share",
+    provides=("cause", "gaps", "idle_ms", "wall_ms", "p99_gap_ms"),
+    cause=Param(str, choices=GAP_CAUSES),
+)
+def gpu_idle_share(ctx: TriageContext, cause: str) -> Fact | Unavailable:
+    """Share of the traced time the GPU sat idle for one cause (the host was busy
+    elsewhere, blocked in a synchronisation, launched late, or had no work)."""
+    tl = _timeline_frames(ctx)
+    if tl is None or not tl.gpu_ops:
+        return Unavailable("the run has no GPU work in its spans (a CUDA profiler window)")
+    wall = float(tl.breakdown["wall_ns"].sum())
+    g = tl.gaps[tl.gaps["cause"] == cause] if len(tl.gaps) else tl.gaps
+    idle = float(g["dur_ns"].sum()) if len(g) else 0.0
+    p99 = float(np.percentile(g["dur_ns"], 99)) / 1e6 if len(g) else float("nan")
+    evidence = (
+        ev("cause", "cause", cause.replace("_", " ")),
+        ev("gaps", "gaps", len(g)),
+        ev("idle_ms", "idle", idle / 1e6, "ms"),
+        ev("wall_ms", "traced", wall / 1e6, "ms"),
+        ev("p99_gap_ms", "gap p99", p99, "ms"),
+    )
+    value = share(idle, wall)
+    return Fact(value, evidence, impact=value if finite(value) else 0.0)
+
+
+@fact(
+    "exposed_share",
+    provides=("what", "exposed_ms", "wall_ms", "overlapped_ms"),
+    what=Param(str, choices=("comm", "copy")),
+)
+def exposed_share(ctx: TriageContext, what: str) -> Fact | Unavailable:
+    """Share of the traced time a collective (comm) or a copy ran without compute beside
+    it: time every rank waits for communication or data movement."""
+    tl = _timeline_frames(ctx)
+    if tl is None:
+        return Unavailable("the run has no device or collective spans")
+    o = tl.overlap
+    total = float(o[f"{what}_ns"].sum()) if len(o) else 0.0
+    if total == 0:
+        return Unavailable(f"the trace has no {what} operations")
+    exposed = float(o[f"exposed_{what}_ns"].sum())
+    wall = float(tl.breakdown["wall_ns"].sum())
+    evidence = (
+        ev("what", "what", "communication" if what == "comm" else "copies"),
+        ev("exposed_ms", "exposed", exposed / 1e6, "ms"),
+        ev("wall_ms", "traced", wall / 1e6, "ms"),
+        ev("overlapped_ms", "hidden behind compute", (total - exposed) / 1e6, "ms"),
+    )
+    value = share(exposed, wall)
+    return Fact(value, evidence, impact=value if finite(value) else 0.0)
+
+
+@fact("rank_imbalance", provides=("ranks", "busiest_ms", "idlest_ms"))
+def rank_imbalance(ctx: TriageContext) -> Fact | Unavailable:
+    """(max − min) / max of the ranks' busy time: the faster ranks wait for the slowest
+    at every collective."""
+    tl = _timeline_frames(ctx)
+    if tl is None:
+        return Unavailable("the run has no device or collective spans")
+    b = tl.breakdown
+    busy = (b["wall_ns"] - b["idle_ns"]).groupby(b["rank_key"]).sum()
+    if len(busy) < 2:
+        return Unavailable("the run has one rank")
+    value = float((busy.max() - busy.min()) / busy.max()) if busy.max() > 0 else 0.0
+    evidence = (
+        ev("ranks", "ranks", len(busy)),
+        ev("busiest_ms", "busiest rank", busy.max() / 1e6, "ms"),
+        ev("idlest_ms", "least busy rank", busy.min() / 1e6, "ms"),
+    )
+    return Fact(value, evidence, impact=value)
+
+
+@fact("ranks", provides=())
+def ranks(ctx: TriageContext) -> Fact:
+    """How many ranks (GPUs of one job) the run recorded."""
+    values = set()
+    for name in ("steps", "spans"):
+        col = ctx.run.table(name)["rank"].dropna()
+        values |= set(col.unique().tolist())
+    return Fact(len(values))
+
+
+# -- step 5 --------------------------------------------------------------------------------
+def _engine_setting(ctx: TriageContext, option: str, section: str, key: str):
+    engine = ctx.run_options.get("engine") or {}
+    if option in engine:
+        return engine[option]
+    return ((ctx.config.get("engine_config") or {}).get(section) or {}).get(key)
+
+
+@fact(
+    "prefix_reuse_missed",
+    provides=(
+        "groups",
+        "grouped",
+        "prefix_len",
+        "shareable",
+        "hits",
+        "hit_pct",
+        "prefix_cache",
+        "missed_pct",
+        "cost_ms",
+    ),
+)
+def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
+    """Share of all prompt tokens that were a prefix already computed for an earlier
+    request of the same prefix group, computed again instead of served from the prefix
+    cache (an upper bound: every request after the first of its group could hit)."""
+    req = ctx.run.requests
+    grouped = req[req["prefix_group"].notna().to_numpy()] if len(req) else req
+    if not len(grouped):
+        return Unavailable("no request carries a prefix group")
+    spec = (ctx.run_options.get("workload") or {}).get("shared_prefix") or {}
+    length = spec.get("length") if isinstance(spec, dict) else None
+    if not length:
+        return Unavailable("the run does not record its shared-prefix length")
+    block = _engine_setting(ctx, "block_size", "cache", "block_size") or 1
+    prompt = grouped["prompt_tokens"].to_numpy("float64", na_value=np.nan)
+    reusable = np.minimum(length // block * block, np.nan_to_num(prompt) - 1).clip(min=0)
+    first = ~grouped["prefix_group"].duplicated().to_numpy()  # the first of each group computes it
+    shareable = float(reusable[~first].sum())
+    hits = float(np.nansum(grouped["cached_tokens"].to_numpy("float64", na_value=np.nan)))
+    total = float(np.nansum(req["prompt_tokens"].to_numpy("float64", na_value=np.nan)))
+    missed = max(0.0, shareable - hits)
+    value = share(missed, total)
+    cache = ctx.get("cache")
+    per_token = cache.cost_per_prefill_token_s if cache is not None else float("nan")
+    setting = _engine_setting(ctx, "prefix_cache", "cache", "enable_prefix_caching")
+    evidence = (
+        ev("groups", "prefix groups", int(grouped["prefix_group"].nunique())),
+        ev("grouped", "requests in a group", len(grouped)),
+        ev("prefix_len", "shared prefix", int(length), "tokens"),
+        ev("shareable", "prompt tokens that could hit", int(shareable), "tokens"),
+        ev("hits", "prompt tokens that hit", int(hits), "tokens"),
+        ev("hit_pct", "hit / could hit", share(hits, shareable), "%"),
+        ev("prefix_cache", "prefix caching", {True: "on", False: "off"}.get(setting, "unknown")),
+        ev("missed_pct", "prompt tokens recomputed needlessly", value, "%"),
+        ev("cost_ms", "estimated prefill time lost", ms(missed * per_token), "ms"),
+    )
+    zero = grouped[grouped["cached_tokens"].fillna(0).to_numpy() == 0]
+    ids = (
+        IdList(
+            "request", "grouped requests with no hit", tuple(zero["request_id"].astype(str).head(5))
+        ),
+    )
+    return Fact(
+        value if finite(value) else 0.0, evidence, ids, impact=value if finite(value) else 0.0
+    )
+
+
+@fact("cache_hits", provides=("hit_pct", "device_tokens", "swap_tokens", "saved_ms", "saved_pct"))
+def cache_hits(ctx: TriageContext) -> Fact | Unavailable:
+    """Share of prompt tokens served from the prefix cache at admission, with the tier
+    they came from and the compute they saved."""
+    c = ctx.get("cache")
+    if c is None:
+        return ctx.missing("cache")
+    tiers = {t.tier: t for t in c.tiers}
+    evidence = (
+        ev("hit_pct", "prompt tokens hit at admission", c.hit_rate, "%"),
+        ev(
+            "device_tokens",
+            "device tier hits",
+            tiers["device"].hit_tokens if "device" in tiers else 0,
+            "tokens",
+        ),
+        ev(
+            "swap_tokens",
+            "swap tier restores",
+            tiers["swap"].hit_tokens if "swap" in tiers else 0,
+            "tokens",
+        ),
+        ev("saved_ms", "compute saved", ms(c.saved_s), "ms"),
+        ev("saved_pct", "of step time", c.saved_share, "%"),
+    )
+    return Fact(c.hit_rate if finite(c.hit_rate) else 0.0, evidence)

@@ -1,0 +1,101 @@
+"""Deliberate faults for diagnosis experiments: engine hooks that really slow a named part.
+
+The diagnosis suite (benchmarks/diagnosis) proves the playbooks on runs that are broken
+on purpose. A fault here never writes an event: it wraps the run's observer and spends
+real time at one point of the engine's work, so everything the probes record is what
+happened. The points, and where their time lands in the lifecycle:
+
+- `input_delay_ms` (+ `input_delay_per_token_us` × prompt tokens): after a request
+  arrives and before it is validated and tokenised, on the thread that adds it — a slow
+  input path (tokeniser, validation, multimodal preprocessing). In `perfdiag run` that is
+  the asyncio thread, as in a server whose tokenisation blocks its event loop;
+- `schedule_delay_ms`: inside each step's `schedule` phase — a slow scheduler;
+- `step_gap_ms`: after each step ends and before the next begins — host work between
+  forward passes (output processing, detokenisation, bookkeeping).
+
+`busy=True` spins the CPU instead of sleeping (CPU work that holds the GIL, as Python
+host code does); sleeping is the default because it costs shared machines nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from ..engine_ref.hooks import (
+    EngineObserver,
+    PhaseEvent,
+    RequestEvent,
+    RequestEventKind,
+    StepBegin,
+    StepEvent,
+)
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FaultOptions:
+    input_delay_ms: float = 0.0
+    input_delay_per_token_us: float = 0.0
+    schedule_delay_ms: float = 0.0
+    step_gap_ms: float = 0.0
+    busy: bool = False
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and not value >= 0:
+                raise ConfigError(f"fault {f.name} must be >= 0, got {value}")
+
+    @property
+    def active(self) -> bool:
+        return any(getattr(self, f.name) > 0 for f in dataclasses.fields(self) if f.type == "float")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def wrap(self, observer: EngineObserver) -> EngineObserver:
+        """The observer to give the engine: `observer` itself when no fault is set."""
+        return FaultObserver(observer, self) if self.active else observer
+
+
+def spend(seconds: float, busy: bool) -> None:
+    if seconds <= 0:
+        return
+    if not busy:
+        time.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class FaultObserver(EngineObserver):
+    """Forwards every hook to `inner` first (its timestamps are already taken), then
+    spends the fault's time, so the engine's next timestamp comes after it."""
+
+    def __init__(self, inner: EngineObserver, faults: FaultOptions):
+        self.inner, self.faults = inner, faults
+
+    def __getattr__(self, name: str):
+        # The recorder is also the load client's sink (client_event, request_done).
+        return getattr(self.inner, name)
+
+    def on_request(self, event: RequestEvent) -> None:
+        self.inner.on_request(event)
+        f = self.faults
+        if event.kind == RequestEventKind.ARRIVED:
+            delay = f.input_delay_ms * 1e-3 + f.input_delay_per_token_us * 1e-6 * event.num_tokens
+            spend(delay, f.busy)
+
+    def on_step_begin(self, event: StepBegin) -> None:
+        self.inner.on_step_begin(event)
+        spend(self.faults.schedule_delay_ms * 1e-3, self.faults.busy)
+
+    def on_phase(self, event: PhaseEvent) -> None:
+        self.inner.on_phase(event)
+
+    def on_step(self, event: StepEvent) -> None:
+        self.inner.on_step(event)
+        spend(self.faults.step_gap_ms * 1e-3, self.faults.busy)

@@ -1,0 +1,103 @@
+"""The playbooks diagnose broken runs of the reference engine: a fast version of the
+diagnosis suite (benchmarks/diagnosis), on variations of its scenarios with other
+numbers than the suite uses, so the thresholds are not fitted to one configuration.
+Faults are real (configuration, or hooks that spend time); nothing writes events."""
+
+import dataclasses
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from perfdiag.engine_ref.hooks import RecordingObserver, RequestEvent, RequestEventKind, StepEvent
+from perfdiag.errors import ConfigError
+from perfdiag.probes.faults import FaultObserver, FaultOptions
+from perfdiag.probes.workload import ArrivalSpec, LengthSpec, PrefixSpec
+
+_path = Path(__file__).parents[1] / "benchmarks" / "diagnosis" / "scenarios.py"
+_spec = importlib.util.spec_from_file_location("diagnosis_scenarios", _path)
+sc = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = sc  # dataclasses look their module up while the class is built
+_spec.loader.exec_module(sc)
+
+VARIANTS = {
+    # another rate, cap and output length than the suite's client-cap scenarios
+    "client-cap": sc.varied(
+        sc.by_name("client-cap"),
+        seed=11,
+        arrival=ArrivalSpec("open", rate=24.0, concurrency=1),
+        output_len=LengthSpec.parse("uniform:32:64"),
+    ),
+    "over-capacity": dataclasses.replace(
+        sc.varied(
+            sc.by_name("over-capacity"),
+            seed=12,
+            arrival=ArrivalSpec("open", rate=150.0, process="poisson"),
+        ),
+        engine={"max_seqs": 3},
+    ),
+    "prefix-cache-off": sc.varied(
+        sc.by_name("prefix-cache-off"),
+        seed=13,
+        arrival=ArrivalSpec("closed", concurrency=6),
+        shared_prefix=PrefixSpec(3, 160, 0.8),
+    ),
+    "host-bound": dataclasses.replace(
+        sc.by_name("host-bound"),
+        faults=FaultOptions(step_gap_ms=2.5),
+        workload={"arrival": ArrivalSpec("closed", concurrency=6)},
+    ),
+    "slow-input": dataclasses.replace(
+        sc.by_name("slow-input"),
+        faults=FaultOptions(input_delay_ms=25.0),
+        workload={"arrival": ArrivalSpec("open", rate=8.0)},
+    ),
+    "kv-too-small": dataclasses.replace(
+        sc.varied(
+            sc.by_name("kv-too-small"), seed=14, output_len=LengthSpec.parse("uniform:80:128")
+        ),
+        engine={"kv_blocks": 24},
+    ),
+    "healthy": sc.varied(sc.by_name("healthy"), seed=15, arrival=ArrivalSpec("open", rate=10.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_the_top_finding_names_the_cause(tmp_path, name):
+    scenario = VARIANTS[name]
+    triage = scenario.diagnose(scenario.record(tmp_path / name, requests=32))
+    top = triage.top
+    summary = [(f.check, f.severity, f.consequence_of) for f in triage.findings]
+    assert scenario.verdict(triage), f"{name}: top {top and top.check}; findings {summary}"
+    if scenario.expected != sc.HEALTHY:
+        assert top.severity in ("warning", "critical") and top.evidence
+        assert top.recommendations
+
+
+def test_every_suite_scenario_has_a_varied_twin():
+    names = {s.name for s in sc.SCENARIOS}
+    twins = {s.variant_of for s in sc.SCENARIOS if s.variant_of}
+    originals = {s.name for s in sc.SCENARIOS if not s.variant_of}
+    assert twins == originals and twins <= names
+    assert len({s.expected for s in sc.SCENARIOS}) == 8  # seven causes and the healthy case
+
+
+def test_faults_spend_real_time_at_their_hook_and_forward_everything():
+    inner = RecordingObserver()
+    inner.client_event = lambda *a: a  # the recorder is also the client's sink
+    obs = FaultObserver(inner, FaultOptions(input_delay_ms=20.0, step_gap_ms=10.0))
+    t0 = time.perf_counter()
+    obs.on_request(RequestEvent("r", RequestEventKind.ARRIVED, 0, -1, 5))
+    t1 = time.perf_counter()
+    obs.on_request(RequestEvent("r", RequestEventKind.TOKENIZED, 0, -1, 5))
+    t2 = time.perf_counter()
+    obs.on_step(StepEvent(0, 0, 1, *([0] * 13)))
+    t3 = time.perf_counter()
+    assert t1 - t0 >= 0.019 and t2 - t1 < 0.005 and t3 - t2 >= 0.009
+    assert len(inner.requests) == 2 and len(inner.steps) == 1
+    assert obs.client_event(1, 2) == (1, 2)
+    assert FaultOptions().wrap(inner) is inner  # no fault: the observer itself
+    with pytest.raises(ConfigError, match="step_gap_ms must be >= 0"):
+        FaultOptions(step_gap_ms=-1)

@@ -1,0 +1,192 @@
+"""Findings: ranking (qualifiers, root causes, consequences), the gate on broken data,
+findings.json, report.md with figures, and runs that lack tables (steps not evaluated,
+with the reason)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from perfdiag import load_run
+from perfdiag.analyzers.findings import Evidence, Finding
+from perfdiag.cli import app
+from perfdiag.playbooks.evaluate import _rank, run_triage
+from perfdiag.playbooks.facts import TriageContext
+from perfdiag.playbooks.schema import load_playbook
+from perfdiag.traces.schema import Request
+
+_spec = importlib.util.spec_from_file_location(
+    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
+)
+runs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(runs)
+KINETO = Path(__file__).parent / "data" / "kineto_excerpt.json"
+
+
+@pytest.fixture(autouse=True)
+def wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal's width
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [*map(str, args)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def _check(cid, fact="run_status", extra=None):
+    return {
+        "id": cid,
+        "fact": fact,
+        "in": ["x"],
+        "severity": "warning",
+        "title": cid,
+        "explanation": "e",
+        "next": ["n"],
+        **(extra or {}),
+    }
+
+
+@pytest.fixture
+def chain_book(tmp_path):
+    """gate g; step 1 r; step 2 a (root); step 3 b follows a; step 4 c follows b; d free."""
+    data = {
+        "playbook": "t",
+        "title": "t",
+        "steps": [
+            {"step": 0, "title": "gate", "explanation": "e", "checks": [_check("g")]},
+            {"step": 1, "title": "one", "explanation": "e", "checks": [_check("r")]},
+            {"step": 2, "title": "two", "explanation": "e", "checks": [_check("a")]},
+            {
+                "step": 3,
+                "title": "three",
+                "explanation": "e",
+                "checks": [_check("b", extra={"consequence_of": ["a"]})],
+            },
+            {
+                "step": 4,
+                "title": "four",
+                "explanation": "e",
+                "checks": [_check("c", extra={"consequence_of": ["b"]}), _check("d")],
+            },
+        ],
+    }
+    path = tmp_path / "chain.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_playbook(path)
+
+
+def _f(check, step, severity, impact):
+    return Finding(check, step, "", severity, check, "", (), (), (), (), 0.0, impact)
+
+
+def test_ranking_puts_qualifiers_then_root_causes_then_consequences(chain_book):
+    findings = [
+        _f("c", 4, "critical", 0.9),  # follows b, which follows a: a's consequence
+        _f("d", 4, "warning", 0.9),
+        _f("b", 3, "critical", 0.8),
+        _f("a", 2, "warning", 0.1),
+        _f("r", 1, "warning", 0.5),
+        _f("g", 0, "info", 0.0),
+    ]
+    ranked = _rank(findings, chain_book)
+    assert [f.check for f in ranked] == ["r", "d", "a", "c", "b", "g"]
+    assert [f.rank for f in ranked] == [1, 2, 3, 4, 5, 6]
+    by = {f.check: f for f in ranked}
+    assert by["c"].consequence_of == "a" and by["b"].consequence_of == "a"
+    assert by["d"].consequence_of is None and by["a"].consequence_of is None
+
+
+def test_a_consequence_whose_root_did_not_fire_is_a_root(chain_book):
+    ranked = _rank([_f("b", 3, "critical", 0.5), _f("d", 4, "warning", 0.9)], chain_book)
+    assert [f.check for f in ranked] == ["b", "d"]  # critical before warning
+    assert ranked[0].consequence_of is None
+
+
+def test_evidence_reads_as_people_write_it():
+    assert Evidence("x", "x", 0.423, "%").text() == "42%"
+    assert Evidence("x", "x", 0.05, "%").text() == "5.0%"
+    assert Evidence("x", "x", 12.345, "ms").text() == "12.3 ms"
+    assert Evidence("x", "x", 1234.5, "ms").text() == "1,234 ms"
+    assert Evidence("x", "x", 20480, "tokens").text() == "20,480 tokens"
+    assert Evidence("x", "x", float("nan"), "ms").text() == "–"
+    assert Evidence("x", "x", True).text() == "yes"
+
+
+def test_the_gate_catches_contradictory_times(tmp_path):
+    c, e = runs.client, runs.engine
+    events = []
+    for i in range(10):
+        rid, t = f"r{i}", 10.0 * i
+        first = t + 5 if rid != "r3" else t - 1  # r3's first token before it was sent
+        events += [
+            c(rid, "sent", t),
+            c(rid, "first_token", first),
+            c(rid, "chunk", first, 1),
+            c(rid, "done", t + 6),
+            e(rid, "arrival", t + 1),
+            e(rid, "first_token", t + 4),
+            e(rid, "finished", t + 5),
+        ]
+    reqs = [Request(f"r{i}", 4, 1, finish_reason="stop") for i in range(10)]
+    path = runs.write(tmp_path / "bad", reqs, events)
+    triage = run_triage(TriageContext(load_run(path)))
+    f = triage.by_check("events-out-of-order")
+    assert f is not None and f.severity == "critical"  # 1 of 10 requests > 5 %
+    assert f.ids[0].ids == ("r3",)
+    assert f in triage.qualifiers and triage.top is not f
+
+
+def test_findings_json_and_the_triage_on_the_terminal(tmp_path):
+    path = runs.preempt(tmp_path / "p")
+    text = cli("analyze", path)
+    assert "Top cause: CRITICAL Preemption storm" in text
+    assert text.index("Data and reproducibility") < text.index("Top cause") < text.index("Triage")
+    assert "not evaluated: noisy-repeats, repeats-differ — no repeated runs given" in text
+    data = json.loads((path / "results" / "findings.json").read_text())
+    top = next(f for f in data["findings"] if f["step"] > 1)
+    assert top["check"] == "preemption-storm" and top["severity"] == "critical"
+    assert {"name": "preemptions", "label": "preemptions", "value": 2, "unit": ""} in top[
+        "evidence"
+    ]
+    assert [s["step"] for s in data["steps"]] == list(range(8))
+    assert data["steps"][6]["status"] == "not-evaluated"
+
+
+def test_report_md_has_the_verdict_evidence_and_figures(tmp_path):
+    path = runs.preempt(tmp_path / "p")
+    cli("analyze", path)
+    report = (path / "results" / "report.md").read_text()
+    assert "**Top cause: Preemption storm" in report
+    assert "| preemptions | 2 |" in report
+    assert "![steps](steps.png)" in report and "## Triage steps" in report
+    png = (path / "results" / "steps.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+
+
+def test_details_and_scenario_focus(tmp_path):
+    path = runs.preempt(tmp_path / "p")
+    text = cli("analyze", path, "--details", "--scenario", "preemption-storm", "--no-report")
+    assert "Preemption storm (present): 1 finding(s) on its route" in text
+    assert "steps and their cost" in text  # the detailed tables
+    assert not (path / "results" / "report.md").exists()
+
+
+def test_an_imported_trace_gets_the_steps_it_can(tmp_path):
+    out = tmp_path / "imported"
+    cli("import", KINETO, "--out", out)
+    text = cli("analyze", out)
+    assert "2 Does the load arrive as asked, and does the engine keep up? — not-evaluated" in text
+    assert "the run lacks requests, request_events" in text
+    assert "host-bound, kv-exhausted — the run has no steps table" in text
+    data = json.loads((out / "results" / "findings.json").read_text())
+    status = {s["step"]: s["status"] for s in data["steps"]}
+    assert status[2] == status[3] == status[5] == "not-evaluated"
+    assert status[0] in ("ok", "partial", "findings")
+    skipped = [c for s in data["steps"] for c in s["checks"] if c["status"] == "not-evaluated"]
+    assert skipped and all(c["reason"] for c in skipped)
+    tables = next(f for f in data["findings"] if f["check"] == "tables-missing")
+    assert "requests" in tables["title"]
