@@ -148,6 +148,8 @@ def write_findings(triage: Triage, run_path: str | os.PathLike) -> Path:
     results.mkdir(parents=True, exist_ok=True)
     target = results / FINDINGS_FILE
     tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(to_jsonable(triage), indent=2) + "\n")
+    data = to_jsonable(triage)
+    data["top"] = triage.top.check if triage.top is not None else None  # the top cause's check
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, target)
     return target

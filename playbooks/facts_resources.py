@@ -20,6 +20,11 @@ def _lowest_rank(steps: pd.DataFrame) -> pd.DataFrame:
     return steps.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 
+def _mean(values: np.ndarray) -> float:
+    ok = values[np.isfinite(values)]
+    return float(ok.mean()) if len(ok) else float("nan")
+
+
 def _finished_per_step(ctx: TriageContext) -> pd.Series:
     e = ctx.run.request_events
     sel = (e["kind"] == "finished").to_numpy() & (e["side"] == "engine").to_numpy()
@@ -85,10 +90,10 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         ev("forward_ms", "device time per step", ms(device.mean()), "ms"),
         ev("host_ms", "host time per step (in and between steps)", ms(host.mean()), "ms"),
         ev("gap_ms", "between steps, per step", ms(gap.mean()), "ms"),
-        ev("schedule_ms", "schedule, per step", ms(np.nanmean(phase("schedule"))), "ms"),
-        ev("prepare_ms", "prepare inputs, per step", ms(np.nanmean(phase("prepare_inputs"))), "ms"),
-        ev("post_ms", "post-process, per step", ms(np.nanmean(phase("post_process"))), "ms"),
-        ev("sample_ms", "sample, per step", ms(np.nanmean(phase("sample"))), "ms"),
+        ev("schedule_ms", "schedule, per step", ms(_mean(phase("schedule"))), "ms"),
+        ev("prepare_ms", "prepare inputs, per step", ms(_mean(phase("prepare_inputs"))), "ms"),
+        ev("post_ms", "post-process, per step", ms(_mean(phase("post_process"))), "ms"),
+        ev("sample_ms", "sample, per step", ms(_mean(phase("sample"))), "ms"),
     )
     frame = pd.DataFrame({"step_id": ids, "host_s": host})
     worst_steps = (

@@ -204,3 +204,39 @@ def test_another_model_seed_is_a_correctness_failure(engine_runs):
     assert "correctness failure (step 7): outputs differ for 20 of 20 requests" in text
     assert "mismatch rate 100.0%" in text
     assert "CRITICAL step 7: Outputs differ from the baseline for 20 of 20 requests" in text
+
+
+def test_analyze_against_a_baseline_runs_steps_6_and_7(engine_runs):
+    result = CliRunner().invoke(
+        app, ["analyze", str(engine_runs["seed"]), "--baseline", str(engine_runs["a"]),
+              "--no-report"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads((engine_runs["seed"] / "results" / "findings.json").read_text())
+    assert data["baseline"] == load_run(engine_runs["a"]).manifest.run_id
+    differ = next(f for f in data["findings"] if f["check"] == "outputs-differ")
+    assert differ["severity"] == "critical" and differ["value"] == 1.0
+    status = {s["step"]: s["status"] for s in data["steps"]}
+    assert status[6] == "ok" and status[7] == "findings"
+
+
+def test_findings_that_appeared_disappeared_or_changed_severity():
+    from perfdiag.analyzers.compare import finding_changes
+    from perfdiag.analyzers.findings import Finding, Triage
+
+    def f(check, step, severity):
+        return Finding(check, step, "", severity, f"{check} title", "", (), (), (), (), 0, 0.5)
+
+    def triage(*findings):
+        return Triage("r", "p", "triage", findings, (), ())
+
+    a = triage(f("host-bound", 4, "critical"), f("slow-input", 3, "warning"),
+               f("cache-hits", 5, "info"), f("latency-regressed", 7, "warning"))  # fmt: skip
+    b = triage(f("slow-input", 3, "critical"), f("preemption-storm", 4, "warning"),
+               f("outputs-differ", 7, "critical"))  # fmt: skip
+    changes = {c.check: (c.status, c.severity_a, c.severity_b) for c in finding_changes(a, b)}
+    assert changes == {
+        "host-bound": ("disappeared", "critical", None),
+        "slow-input": ("worse", "warning", "critical"),
+        "preemption-storm": ("appeared", None, "warning"),
+    }  # info findings and the comparison steps 6-7 are left out

@@ -16,7 +16,7 @@ from perfdiag.cli import app
 from perfdiag.playbooks.evaluate import _rank, run_triage
 from perfdiag.playbooks.facts import TriageContext
 from perfdiag.playbooks.schema import load_playbook
-from perfdiag.traces.schema import Request
+from perfdiag.traces.schema import Request, Step
 
 _spec = importlib.util.spec_from_file_location(
     "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
@@ -148,6 +148,7 @@ def test_findings_json_and_the_triage_on_the_terminal(tmp_path):
     assert "not evaluated: noisy-repeats, repeats-differ — no repeated runs given" in text
     data = json.loads((path / "results" / "findings.json").read_text())
     top = next(f for f in data["findings"] if f["step"] > 1)
+    assert data["top"] == top["check"]
     assert top["check"] == "preemption-storm" and top["severity"] == "critical"
     assert {"name": "preemptions", "label": "preemptions", "value": 2, "unit": ""} in top[
         "evidence"
@@ -190,3 +191,62 @@ def test_an_imported_trace_gets_the_steps_it_can(tmp_path):
     assert skipped and all(c["reason"] for c in skipped)
     tables = next(f for f in data["findings"] if f["check"] == "tables-missing")
     assert "requests" in tables["title"]
+
+
+def test_repeats_measure_the_noise_and_must_share_a_configuration(tmp_path):
+    a = runs.steady(tmp_path / "a", lasts_ms=50)
+    b = runs.steady(tmp_path / "b", lasts_ms=60)  # the same configuration, slower
+    text = cli("analyze", a, "--repeat", b, "--no-report")
+    assert "Repeats of this configuration vary by up to 18%" in text
+    data = json.loads((a / "results" / "findings.json").read_text())
+    noisy = next(f for f in data["findings"] if f["check"] == "noisy-repeats")
+    assert noisy["severity"] == "warning"
+    assert {e["name"]: e["value"] for e in noisy["evidence"]}["ttft_p50_spread"] == pytest.approx(
+        10 / 55
+    )
+    assert not any(f["check"] == "repeats-differ" for f in data["findings"])
+    c = runs.steady(tmp_path / "c", every_ms=20)  # another arrival rate: not a repeat
+    text = cli("analyze", a, "--repeat", c, "--no-report")
+    assert "The repeats are not of one configuration: workload.arrival.rate differ" in text
+
+
+def test_host_time_from_cuda_step_timing(tmp_path):
+    # 20 steps of 4 ms wall with 1 ms of GPU work, 1 ms apart, two requests running:
+    # host = 3 ms in each step + 1 ms after it = 4 of every 5 ms busy.
+    steps = [
+        Step(i, runs.ns(5 * i), runs.ns(5 * i + 4), num_decode_seqs=2, num_running=2,
+             num_waiting=0, gpu_time_ns=runs.MS)
+        for i in range(20)
+    ]  # fmt: skip
+    path = runs.write(tmp_path / "gpu", [], [], steps)
+    triage = run_triage(TriageContext(load_run(path)))
+    f = triage.by_check("host-bound")
+    assert f is not None and f.severity == "critical"
+    values = {e.name: e.value for e in f.evidence}
+    assert values["timing"] == "CUDA events"
+    assert f.value == pytest.approx((19 * 4 + 3) / (19 * 4 + 3 + 20 * 1))  # no gap after the last
+
+
+def test_the_gate_reports_a_partial_run_dropped_rows_and_an_empty_profiler_window(tmp_path):
+    from perfdiag.traces.writer import RunWriter
+
+    path = tmp_path / "partial"
+    w = RunWriter(path, command=["t"], config={}, environment_info={})
+    steps = w.table("steps")
+    for i in range(10):
+        steps.append(Step(i, runs.ns(i), runs.ns(i + 0.5), num_decode_seqs=1, num_running=1))
+    with pytest.warns(UserWarning, match="dropped a malformed"):
+        steps.append(("not", "a", "step"))
+        w.flush()
+    w.update_manifest(extra={"profiler_window": {"requested_steps": [50, 60],
+                                                 "captured_steps": None,
+                                                 "reason": "the run ended first"}})  # fmt: skip
+    w.close("interrupted")
+    triage = run_triage(TriageContext(load_run(path)))
+    gate = {f.check: f for f in triage.qualifiers}
+    assert gate["run-incomplete"].title.startswith("The run is interrupted")
+    assert gate["dropped-records"].severity == "critical"  # 1 of 11 rows
+    assert (
+        gate["profiler-window-empty"].title == "The profiler window (50..60) covers no engine step"
+    )
+    assert "the run ended first" in gate["profiler-window-empty"].explanation
