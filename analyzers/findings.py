@@ -88,6 +88,7 @@ class CheckOutcome:
     status: str  # fired | passed | not-evaluated
     value: float | int | str | bool | None = None
     reason: str = ""  # not evaluated: what the run lacks
+    severity: str | None = None  # fired: at which severity
 
 
 @dataclass(frozen=True)

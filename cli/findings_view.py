@@ -75,13 +75,12 @@ def _finding(f, details: bool) -> None:
 def _steps(triage) -> None:
     out.print("\n[bold]Triage steps[/]")
     for s in triage.steps:
-        fired = sum(c.status == "fired" for c in s.checks)
+        found = sum(c.status == "fired" and c.severity != "info" for c in s.checks)
+        notes = sum(c.status == "fired" and c.severity == "info" for c in s.checks)
         passed = sum(c.status == "passed" for c in s.checks)
-        out.print(
-            f" {s.step} {escape(s.title)} — [{STEP_STYLE[s.status]}]{s.status}[/] "
-            f"[dim]({fired} fired, {passed} passed)[/]",
-            highlight=False,
-        )
+        counts = f"{found} finding(s), {passed} passed" + (f", {notes} note(s)" if notes else "")
+        status = f"[{STEP_STYLE[s.status]}]{s.status}[/]"
+        out.print(f" {s.step} {escape(s.title)} — {status} [dim]({counts})[/]", highlight=False)
         by_reason: dict[str, list[str]] = {}
         for c in s.not_evaluated:
             by_reason.setdefault(c.reason, []).append(c.check)

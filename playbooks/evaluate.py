@@ -46,11 +46,8 @@ def run_triage(
                 outcomes.append(CheckOutcome(check.id, "not-evaluated", reason=result.reason))
                 continue
             severity = check.condition.severity(result.value)
-            outcomes.append(
-                CheckOutcome(
-                    check.id, "passed" if severity is None else "fired", _plain(result.value)
-                )
-            )
+            status = "passed" if severity is None else "fired"
+            outcomes.append(CheckOutcome(check.id, status, _plain(result.value), "", severity))
             if severity is not None:
                 findings.append(_finding(check, step.step, step.title, severity, result))
         steps.append(_step_result(step.step, step.title, outcomes, findings))
