@@ -110,3 +110,33 @@ def failure_rate(ctx: TriageContext) -> Fact | Unavailable:
     bad = pr[pr["in_window"].to_numpy(bool) & ~pr["outcome"].isin(["ok", "cancelled"]).to_numpy()]
     ids = (IdList("request", "failed", tuple(bad["request_id"].astype(str).head(5))),)
     return Fact(value, evidence, ids, impact=value)
+
+
+@fact(
+    "slo_attainment", provides=("targets", "judged", "good", "failed", "ttft", "tpot", "itl", "e2e")
+)
+def slo_attainment(ctx: TriageContext) -> Fact | Unavailable:
+    """Share of judged requests that met every SLO target (analyze --slo): failures,
+    rejections and timeouts count as misses."""
+    m = ctx.get("metrics")
+    if m is None:
+        return ctx.missing("metrics")
+    g = m.goodput
+    if g is None:
+        return Unavailable("no SLO given (perfdiag analyze RUN --slo ttft=0.5,tpot=50ms)")
+    targets = ", ".join(
+        f"{k} {getattr(g.slo, f'{k}_s') * 1e3:g} ms"
+        for k in ("ttft", "tpot", "itl", "e2e")
+        if getattr(g.slo, f"{k}_s")
+    )
+    evidence = (
+        ev("targets", "targets", targets),
+        ev("judged", "requests judged", g.judged),
+        ev("good", "met every target", g.good),
+        ev("failed", "missed: failed", g.missed_failed),
+        ev("ttft", "missed TTFT", g.missed_ttft),
+        ev("tpot", "missed TPOT", g.missed_tpot),
+        ev("itl", "missed ITL", g.missed_itl),
+        ev("e2e", "missed E2E", g.missed_e2e),
+    )
+    return Fact(g.attainment, evidence, impact=1.0 - g.attainment if g.judged else 0.0)

@@ -250,3 +250,12 @@ def test_the_gate_reports_a_partial_run_dropped_rows_and_an_empty_profiler_windo
         gate["profiler-window-empty"].title == "The profiler window (50..60) covers no engine step"
     )
     assert "the run ended first" in gate["profiler-window-empty"].explanation
+
+
+def test_missed_slos_follow_from_the_cause(tmp_path):
+    path = runs.preempt(tmp_path / "p")
+    cli("analyze", path, "--slo", "ttft=5ms", "--no-report")
+    data = json.loads((path / "results" / "findings.json").read_text())
+    slo = next(f for f in data["findings"] if f["check"] == "slo-missed")
+    assert slo["value"] == 0.0 and slo["severity"] == "critical"  # D 5.5 ms, F 12.2 ms
+    assert slo["consequence_of"] == "preemption-storm" and data["top"] == "preemption-storm"
