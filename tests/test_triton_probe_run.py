@@ -104,3 +104,26 @@ def test_the_roofline_places_every_kernel(run):
     tri = run.spans[run.spans["category"].astype(str) == "triton_interpret"]
     assert spans.loc[list(names), "count"].sum() == len(tri)
     assert np.isfinite(spans.loc[list(names), "pct_of_roof"]).all()  # copies included
+
+
+def test_perfdiag_run_kernel_backend_triton_on_the_cpu(tmp_path):
+    """The CLI chooses the interpreter itself on the CPU (the variable is not inherited)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "perfdiag", "run", "--preset", "tiny", "--kernel-backend",
+           "triton", "-n", "2", "--prompt-len", "6", "--output-len", "3",
+           "--no-device-sampling", "-q", "-o", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    r = load_run(out)
+    assert r.manifest.config["run_options"]["engine"]["kernel_backend"] == "triton"
+    cats = set(r.spans["category"].astype(str))
+    assert "triton_interpret" in cats and "triton" not in cats
+    bad = subprocess.run([*cmd[:7], "fast", "-o", str(tmp_path / "bad")], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 1 and "kernel_backend 'fast'" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
