@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/python benchmarks/probe_overhead.py
 	$(BIN)/python benchmarks/kineto_import.py
 	$(BIN)/python benchmarks/serving_analyzers.py
+	$(BIN)/python -m benchmarks.diagnosis
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
