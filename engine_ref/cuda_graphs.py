@@ -81,7 +81,9 @@ class DecodeGraphs:
                     self._forward(b, meta)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # an NVTX range names the capture in Nsight (replays sit inside the step's range)
+            name = f"perfdiag cuda_graph capture {b}"
+            with torch.cuda.nvtx.range(name), torch.cuda.graph(graph, pool=self._pool):
                 logits = self._forward(b, meta)
             self._pool = graph.pool()
             return graph, logits
