@@ -37,6 +37,8 @@ bench: setup
 	$(BIN)/python benchmarks/probe_overhead.py
 	$(BIN)/python benchmarks/kineto_import.py
 	$(BIN)/python benchmarks/serving_analyzers.py
+	$(BIN)/python benchmarks/http_client.py
+	$(BIN)/python benchmarks/export.py
 	$(BIN)/python -m benchmarks.diagnosis
 
 clean:
