@@ -135,6 +135,7 @@ REQUEST_EVENT_KINDS = (
 SPAN_CATEGORIES = (
     "cpu_op", "python", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy",
     "gpu_memset", "comm", "annotation", "phase", "probe", "cuda_sync",
+    "triton", "triton_interpret",  # Triton launches from the probe (timed on the GPU / host)
 )  # fmt: skip
 
 _ARROW_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
