@@ -5,13 +5,17 @@ steps the engine in a one-thread executor (so the event loop stays free while th
 runs) and routes each step's outputs to the streams. A client that stops iterating (its task
 cancelled, the iterator closed) aborts its request; the engine releases the request's KV
 when the step in flight ends.
+
+`open_stream()` / `release()` are the same machinery for callers that own a stream's
+lifetime themselves (the HTTP server): adding is synchronous, so a refused request raises
+before anything was streamed, and releasing aborts a request whose stream ended early.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from .engine import LLMEngine, Prompt
@@ -19,12 +23,43 @@ from .request import RequestOutput, SamplingParams
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_failure: Callable[[Exception], BaseException] | None = None,
+    ) -> None:
+        """`on_failure(e)` makes the item every open stream receives when a step raises
+        `e` (default: `e` itself)."""
         self.engine = engine
+        self._on_failure = on_failure or (lambda e: e)
         self._streams: dict[str, asyncio.Queue] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         self._task: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
+        self.error: Exception | None = None  # what broke the engine, if anything did
+
+    def open_stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> tuple[str, asyncio.Queue]:
+        """Add a request now (raises InvalidRequestError, changing nothing, if refused) and
+        return its id and the queue its outputs (or a failure) arrive on. The caller must
+        `release()` it when the stream ends."""
+        rid = self.engine.add_request(prompt, params, request_id, cache_salt=cache_salt)
+        # No step output can be routed before this line: routing runs on this event loop.
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = queue
+        self._ensure_loop()
+        return rid, queue
+
+    def release(self, request_id: str, abort: bool = True) -> bool:
+        """Stop routing to the stream; with `abort`, abort the request if the engine still
+        holds it (its KV is freed when the step in flight ends). Returns whether it was."""
+        self._streams.pop(request_id, None)
+        return self.engine.abort(request_id) if abort else False
 
     async def generate(
         self,
@@ -33,10 +68,7 @@ class AsyncLLMEngine:
         request_id: str | None = None,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        rid = self.engine.add_request(prompt, params, request_id, cache_salt=cache_salt)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[rid] = queue
-        self._ensure_loop()
+        rid, queue = self.open_stream(prompt, params, request_id, cache_salt)
         finished = False
         try:
             while True:
@@ -48,9 +80,7 @@ class AsyncLLMEngine:
                 if finished:
                     return
         finally:
-            self._streams.pop(rid, None)
-            if not finished:
-                self.engine.abort(rid)
+            self.release(rid, abort=not finished)
 
     async def generate_all(self, prompt: Prompt, params: SamplingParams | None = None) -> list[int]:
         """All of one request's output token ids, once it finishes."""
@@ -61,6 +91,11 @@ class AsyncLLMEngine:
 
     async def abort(self, request_id: str) -> bool:
         return self.engine.abort(request_id)
+
+    def fail_streams(self, item: BaseException) -> None:
+        """Put `item` on every open stream (they end with it)."""
+        for q in self._streams.values():
+            q.put_nowait(item)
 
     def _ensure_loop(self) -> None:
         if self._wakeup is None:
@@ -79,8 +114,8 @@ class AsyncLLMEngine:
             try:
                 outputs = await loop.run_in_executor(self._executor, self.engine.step)
             except Exception as e:  # a broken engine ends every stream with the error
-                for q in self._streams.values():
-                    q.put_nowait(e)
+                self.error = e
+                self.fail_streams(self._on_failure(e))
                 raise
             for out in outputs:
                 q = self._streams.get(out.request_id)
@@ -88,11 +123,13 @@ class AsyncLLMEngine:
                     q.put_nowait(out)
 
     async def close(self) -> None:
+        """Stop stepping (after the step in flight) and release the stepping thread."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        self._executor.shutdown(wait=True)
+        # Off the event loop: the step in flight may take a while to end.
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
 
     async def __aenter__(self) -> AsyncLLMEngine:
         return self

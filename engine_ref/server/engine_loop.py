@@ -1,7 +1,7 @@
-"""The server's engine loop: one asyncio task steps the engine in a one-thread executor and
-routes each step's outputs to per-request queues.
+"""The server's engine loop: `AsyncLLMEngine`'s stepping task and per-request queues, plus
+what a server needs around them.
 
-Unlike `AsyncLLMEngine.generate`, adding a request is synchronous: a request the engine
+Adding a request is synchronous (`AsyncLLMEngine.open_stream`): a request the engine
 refuses raises before any response header is sent (so it can still become a 400), and the
 handler owns the stream's lifetime: `release()` aborts a request whose stream ended early
 (client gone, timeout), and the engine frees its KV when the step in flight ends.
@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import time
-from concurrent.futures import ThreadPoolExecutor
 
+from ..async_engine import AsyncLLMEngine
 from ..hooks import EngineObserver, PhaseEvent, RequestEvent, StepBegin, StepEvent
 from ..hooks import RequestEventKind as K
-from ..request import RequestOutput, SamplingParams
+from ..request import SamplingParams
 from .metrics import ServerMetrics
 
 
@@ -104,12 +103,16 @@ class EngineLoop:
         self.engine = engine
         self.tracker = _Tracker(engine.observer, metrics)
         engine.observer = self.tracker
-        self._streams: dict[str, asyncio.Queue] = {}
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
-        self._task: asyncio.Task | None = None
-        self._wakeup: asyncio.Event | None = None
+        self._front = AsyncLLMEngine(
+            engine,
+            on_failure=lambda e: EngineStopped(f"the engine failed: {type(e).__name__}: {e}"),
+        )
         self._stopping = False
-        self.error: BaseException | None = None  # the exception that broke the engine
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that broke the engine, if any."""
+        return self._front.error
 
     # ---- state ---------------------------------------------------------------------------
     @property
@@ -146,63 +149,23 @@ class EngineLoop:
         t = self.tracker
         t.active.add(request_id)  # before the engine can schedule it from the step thread
         t.waiting.add(request_id)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
         try:
-            self.engine.add_request(prompt_ids, params, request_id)
+            _, queue = self._front.open_stream(prompt_ids, params, request_id)
         except BaseException:
-            self._streams.pop(request_id, None)
             t.forget(request_id)
             raise
-        self._ensure_task()
         return queue
 
     def release(self, request_id: str) -> bool:
         """The stream is over: abort the request if the engine still holds it. Returns
         whether it was aborted (its KV is freed when the step in flight ends)."""
-        self._streams.pop(request_id, None)
-        if request_id in self.tracker.active:
-            return self.engine.abort(request_id)
-        return False
-
-    # ---- the loop ------------------------------------------------------------------------
-    def _ensure_task(self) -> None:
-        if self._wakeup is None:
-            self._wakeup = asyncio.Event()
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        self._wakeup.set()
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self.engine.has_unfinished_requests():
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            try:
-                outputs: list[RequestOutput] = await loop.run_in_executor(
-                    self._executor, self.engine.step
-                )
-            except Exception as e:  # a broken engine ends every stream with the error
-                self.error = e
-                for q in self._streams.values():
-                    q.put_nowait(EngineStopped(f"the engine failed: {type(e).__name__}: {e}"))
-                raise
-            for out in outputs:
-                q = self._streams.get(out.request_id)
-                if q is not None:
-                    q.put_nowait(out)
+        return self._front.release(request_id, abort=request_id in self.tracker.active)
 
     async def close(self) -> None:
         """End every stream, abort every request, stop stepping."""
         self._stopping = True
-        for rid, q in list(self._streams.items()):
-            q.put_nowait(EngineStopped("the server is shutting down"))
+        self._front.fail_streams(EngineStopped("the server is shutting down"))
+        for rid in list(self.tracker.active):
             self.engine.abort(rid)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+        await self._front.close()
         self.engine.observer = self.tracker.inner
