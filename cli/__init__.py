@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (registers the commands)
     run,
     serve,
     timeline,
+    tui,
 )
 from .app import app, main
 

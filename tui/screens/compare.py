@@ -1,0 +1,129 @@
+"""Steps 6 and 7 with two runs: what changed between A and B (one main variable?), how
+the end-to-end metrics moved with their intervals, whether the outputs are the same, and
+which findings appeared or went away. Enter on a differing request opens it in B."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable, Static
+
+from .. import fmt
+from ..style import VERDICT_STYLE
+from .base import RunScreen
+
+
+class CompareScreen(RunScreen):
+    name_text = "comparison (steps 6–7)"
+
+    @property
+    def comparison(self):
+        return self.app.comparison
+
+    def compose(self):
+        # the comparison comes after both runs are analysed
+        self._wait_for = self.comparison is None
+        yield from super().compose()
+
+    def data_changed(self) -> None:
+        if self._wait_for and self.comparison is not None:
+            self._wait_for = False
+            self.call_later(self.rebuild)
+        else:
+            super().data_changed()
+
+    def body(self) -> ComposeResult:
+        c = self.comparison
+        if c is None:
+            yield Static(self.waiting_text(), id="waiting")
+            return
+        a, b = self.app.datasets
+        with VerticalScroll(id="compare"):
+            yield Static(Text(f"A {c.run_a} ({a.identity.path})\nB {c.run_b} ({b.identity.path})"),
+                         id="compare-head")  # fmt: skip
+            yield Static(variables(c.diff), id="variables")
+            yield Static(deltas(c.deltas), id="deltas")
+            yield Static(correctness_text(c.correctness), id="correctness")
+            cr = c.correctness
+            if cr.comparable and cr.mismatched:
+                table = DataTable(id="mismatched", cursor_type="row")
+                table.add_columns("request (outputs differ)", "")
+                for rid in cr.mismatched_ids[:50]:
+                    table.add_row(rid, "enter: open in B", key=rid)
+                table.styles.height = min(len(cr.mismatched_ids), 6) + 1
+                yield table
+            yield Static(finding_changes(c), id="finding-changes")
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        from .request import RequestScreen
+
+        self.app.push_screen(RequestScreen(self.app.datasets[1], str(event.row_key.value)))
+
+
+def variables(diff) -> Table:
+    main = diff.variables
+    if len(main) > 1:
+        title = (
+            f"[bold red]{len(main)} main variables changed[/]: no difference can be pinned on one"
+        )
+    elif len(main) == 1:
+        title = f"one main variable changed: [bold]{main[0].name}[/]"
+    else:
+        title = "no main variable changed: the runs are repeats"
+    t = Table("what changed (step 6)", "A", "B", "kind", title=title, title_justify="left",
+              box=None, header_style="bold dim", padding=(0, 1))  # fmt: skip
+    for ch in diff.changes:
+        t.add_row(ch.name, fmt.clip(ch.a, 30), fmt.clip(ch.b, 30), ch.kind,
+                  style="dim" if ch.kind == "measurement" else None)  # fmt: skip
+    for note in diff.notes:
+        t.add_row(f"[dim]note: {note}[/]", "", "", "")
+    return t
+
+
+def deltas(ds) -> Table | Text:
+    if not ds:
+        return Text("metrics not compared: a run has no serving metrics", style="yellow")
+    t = Table("end-to-end (step 7)", "A", "B", "Δ B−A", "95% interval", "", box=None,
+              header_style="bold dim", padding=(0, 1))  # fmt: skip
+    for d in ds:
+        rel = "" if d.relative != d.relative else f" ({d.relative:+.0%})"
+        ci = fmt.DASH if d.ci_low != d.ci_low else f"[{fmt.num(d.ci_low)}, {fmt.num(d.ci_high)}]"
+        verdict = d.verdict if d.verdict != "unknown" else "no interval"
+        style = VERDICT_STYLE[d.verdict]
+        delta = f"{d.delta:+,.3g}{rel}"
+        t.add_row(
+            f"{d.label} ({d.unit})",
+            fmt.num(d.a),
+            fmt.num(d.b),
+            delta,
+            ci,
+            Text(verdict, style=style),
+        )
+    return t
+
+
+def correctness_text(c) -> Text:
+    if not c.comparable:
+        return Text(f"correctness (step 7): not compared — {c.reason}", style="yellow")
+    if c.mismatched:
+        return Text(
+            f"correctness failure (step 7): outputs differ for {c.mismatched} of "
+            f"{c.compared} requests ({fmt.pct(c.mismatch_rate)}; {c.length_mismatched} "
+            f"differ in length). Log-probabilities: {c.logprobs}",
+            style="bold red",
+        )
+    return Text(f"correctness (step 7): outputs identical for all {c.compared} requests "
+                f"compared. Log-probabilities: {c.logprobs}", style="green")  # fmt: skip
+
+
+def finding_changes(c) -> Table | Text:
+    if not c.findings:
+        return Text("findings: the same in both runs (steps 0–5)", style="dim")
+    t = Table("finding that changed", "A", "B", "change", box=None, header_style="bold dim",
+              padding=(0, 1))  # fmt: skip
+    for f in c.findings:
+        t.add_row(f"{f.check}: {fmt.clip(f.title, 50)}", f.severity_a or fmt.DASH,
+                  f.severity_b or fmt.DASH, f.status)  # fmt: skip
+    return t

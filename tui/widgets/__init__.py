@@ -1,0 +1,1 @@
+"""Widgets and character-cell charts of the explorer."""
