@@ -131,7 +131,7 @@ def test_load_series(demo):
 def test_lanes_and_window_breakdown(demo):
     lanes = build_lanes(demo)
     names = [ln.name for ln in lanes.lanes]
-    assert names == ["engine steps", "gpu0 s7", "pid 100 tid 1", "GPU idle cause"]
+    assert names == ["engine steps", "gpu0 s7", "tid 1", "GPU idle cause"]
     steps = lanes.lanes[0]
     share, chars = steps.cells(lanes.lo, lanes.hi, 40)
     assert set(chars) <= {"P", "M", "D", "·", " "} and chars[0] == "P"

@@ -277,7 +277,7 @@ def key_metrics(data: RunData) -> tuple[Evidence, ...]:
     failed = o.error + o.rejected + o.timeout + o.unfinished
     window = "steady state" if w.steady else "whole run"
     out = [
-        Evidence("requests", "requests ok / failed / cancelled",
+        Evidence("requests", "ok / failed / cancelled",
                  f"{o.ok} / {failed} / {o.cancelled}"),
         Evidence("window", f"window ({window})", w.duration_s, "s"),
         Evidence("out_tps", "output tokens/s", t.output_tokens_per_s),

@@ -18,7 +18,6 @@ from ..analyzers.spans import CLASS_CODE, GPU_CLASSES
 from .data import RunData
 
 MAX_LANES = 12
-STEP_CHAR = {"prefill": "P", "decode": "D", "mixed": "M", "empty": "·"}
 GAP_CHAR = {"host_bound": "h", "sync": "s", "launch_delay": "l", "no_work": "n", "unlinked": "u"}
 SHADES = " ░▒▓█"
 
@@ -78,6 +77,8 @@ def build_lanes(data: RunData) -> Lanes:
         lanes.insert(0, Lane("engine steps", "steps", start, np.maximum(end, start), kind,
                              int((end - start).sum())))  # fmt: skip
     tl = data.timeline
+    if not len(steps) and tl is not None and len(tl.windows) > 1:
+        lanes.insert(0, _window_lane(tl.windows))
     if tl is not None and len(tl.gaps):
         g = tl.gaps.sort_values("start_ns")
         chars = np.array([GAP_CHAR.get(str(c), "?") for c in g["cause"]])
@@ -88,6 +89,16 @@ def build_lanes(data: RunData) -> Lanes:
     lo = min((b[0] for b in bounds), default=0)
     hi = max((b[1] for b in bounds), default=1)
     return Lanes(tuple(lanes), lo, max(hi, lo + 1), _default_window(data, lo, hi))
+
+
+def _window_lane(windows) -> Lane:
+    """A foreign trace's profiler steps (ProfilerStep#N) of its first rank, each drawn
+    with the last digit of its number so the boundaries show."""
+    w = windows[windows["rank_key"] == windows["rank_key"].min()].sort_values("start_ns")
+    start, end = w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)
+    labels = np.array([str(s)[-1] if str(s).isdigit() else "#" for s in w["step"]])
+    return Lane("profiler steps", "steps", start, np.maximum(end, start), labels,
+                int((end - start).sum()))  # fmt: skip
 
 
 def _resource_lanes(df, mask: np.ndarray, keys: list[str], kind: str) -> list[Lane]:
@@ -104,7 +115,7 @@ def _resource_lanes(df, mask: np.ndarray, keys: list[str], kind: str) -> list[La
         piece = u.group == code
         rank = int(row[keys[0]])
         a, b = row[keys[1]], row[keys[2]]
-        name = f"gpu{_i(a)} s{_i(b)}" if kind == "gpu" else f"pid {_i(a)} tid {_i(b)}"
+        name = f"gpu{_i(a)} s{_i(b)}" if kind == "gpu" else f"tid {_i(b)}"
         if rank >= 0:
             name = f"r{rank} {name}"
         start, end = u.start[piece], u.end[piece]

@@ -84,6 +84,7 @@ class RunScreen(Screen):
         await self.recompose()
         if self.focused is None:
             self.focus_first()
+        self.refresh_bindings()  # a new footer learns the keys only when told
         self.call_after_refresh(self._to_top)
 
     def focus_first(self) -> None:

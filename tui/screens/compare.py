@@ -4,6 +4,7 @@ which findings appeared or went away. Enter on a differing request opens it in B
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -11,7 +12,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from .. import fmt
-from ..style import VERDICT_STYLE
+from ..style import SEVERITY_STYLE, VERDICT_STYLE
 from .base import RunScreen
 
 
@@ -54,6 +55,7 @@ class CompareScreen(RunScreen):
                     table.add_row(rid, "enter: open in B", key=rid)
                 table.styles.height = min(len(cr.mismatched_ids), 6) + 1
                 yield table
+            yield Static(steps_against(c.triage), id="steps-against")
             yield Static(finding_changes(c), id="finding-changes")
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
@@ -62,7 +64,7 @@ class CompareScreen(RunScreen):
         self.app.push_screen(RequestScreen(self.app.datasets[1], str(event.row_key.value)))
 
 
-def variables(diff) -> Table:
+def variables(diff) -> Group:
     main = diff.variables
     if len(main) > 1:
         title = (
@@ -72,13 +74,31 @@ def variables(diff) -> Table:
         title = f"one main variable changed: [bold]{main[0].name}[/]"
     else:
         title = "no main variable changed: the runs are repeats"
-    t = Table("what changed (step 6)", "A", "B", "kind", title=title, title_justify="left",
-              box=None, header_style="bold dim", padding=(0, 1))  # fmt: skip
+    t = Table("what changed (step 6)", "A", "B", "kind", box=None, header_style="bold dim",
+              padding=(0, 1))  # fmt: skip
     for ch in diff.changes:
         t.add_row(ch.name, fmt.clip(ch.a, 30), fmt.clip(ch.b, 30), ch.kind,
                   style="dim" if ch.kind == "measurement" else None)  # fmt: skip
     for note in diff.notes:
         t.add_row(f"[dim]note: {note}[/]", "", "", "")
+    return Group(Text.from_markup(title), t)
+
+
+def steps_against(triage) -> Table:
+    """B's steps 6 and 7 with A as the baseline: each check's outcome."""
+    t = Table("B against A", "outcome", box=None, header_style="bold dim", padding=(0, 1))
+    for s in triage.steps:
+        if s.step < 6:
+            continue
+        for c in s.checks:
+            f = triage.by_check(c.check)
+            if c.status == "fired" and f is not None:
+                text = Text(f"{c.severity}: {f.title}", style=SEVERITY_STYLE.get(c.severity, ""))
+            elif c.status == "passed":
+                text = Text("passed", style="green")
+            else:
+                text = Text(f"not evaluated: {c.reason}", style="dim")
+            t.add_row(f"{s.step} {c.check}", text)
     return t
 
 

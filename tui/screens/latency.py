@@ -32,7 +32,7 @@ def bars(rows: list[tuple[str, list[tuple[str, float]], float]]) -> Chart:
             out.append(label.ljust(label_w), style="bold")
             out.append_text(stacked_bar(parts, max(n, 1), total))
             out.append(f" {fmt.ms(total)}\n")
-        return out + swatches([label for label, _ in rows[0][1]])
+        return out + swatches([label for label, _ in rows[0][1]], width=width)
 
     return Chart(draw)
 
@@ -55,7 +55,9 @@ class LatencyScreen(TriageStepScreen):
         if m is None:
             yield Label(f"no latencies: {self.data.missing_reason('metrics')}", classes="note")
             return
-        yield Label(f"Latencies ({m.basis} view, {m.window.reason} window)", classes="section")
+        w = m.window
+        window = "steady state" if w.steady else f"whole run: {w.reason.replace('-', ' ')}"
+        yield Label(f"Latencies ({m.basis} view; {window})", classes="section")
         yield Static(percentiles(m), id="percentiles")
         ttft = self.data.get("ttft")
         if ttft is not None:

@@ -104,11 +104,11 @@ class OverviewScreen(RunScreen):
 
     def steps_table(self) -> DataTable:
         table = DataTable(id="steps", cursor_type="row")
-        width = max(self.app.size.width - 40, 16)
+        width = max(self.app.size.width - 53, 16)
         table.add_column("step", width=4)
-        table.add_column("status", width=8)
+        table.add_column("status", width=15)
         table.add_column("question", width=width)
-        table.add_column("checks", width=18)
+        table.add_column("checks", width=20)
         for s in self.data.steps():
             counts = f"{s.fired} fired, {s.passed} ok"
             if s.not_evaluated:

@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Label, Static
 
 from .. import fmt
 from ..data_requests import PART_LABELS, request_detail
-from ..widgets.charts import Chart, legend, stacked_bar
+from ..widgets.charts import Chart, decomposition
 from ..widgets.frame_table import Column, FrameView, number
 from .base import RunScreen
 
@@ -75,8 +75,7 @@ class RequestScreen(RunScreen):
                 parts = [(PART_LABELS[k], v) for k, v in d.ttft_parts.items()]
                 ttft = d.row.get("ttft_ms", float("nan")) / 1e3
                 yield Label("TTFT critical path", classes="section")
-                yield Chart(lambda w: stacked_bar(parts, w, ttft) + Text("\n")
-                            + legend(parts, fmt.ms, total=ttft), id="request-ttft")  # fmt: skip
+                yield Chart(lambda w: decomposition(parts, w, ttft, fmt.ms), id="request-ttft")
             yield Label(f"Steps it ran in ({len(d.steps)})  [dim](enter: kernels)[/]",
                         classes="section")  # fmt: skip
             yield self.steps_table()

@@ -18,16 +18,16 @@ def _outcome(v) -> Text:
     return Text(str(v), style=OUTCOME_STYLE.get(str(v), "red"))
 
 
-COLUMNS = [
-    Column("request_id", "request", 14, lambda v: fmt.clip(str(v), 14)),
-    Column("outcome", "outcome", 9, _outcome),
-    Column("prompt", "prompt", 6, number()),
-    Column("output", "out", 5, number()),
+COLUMNS = [  # what a narrow terminal must show comes first
+    Column("request_id", "request", 12, lambda v: fmt.clip(str(v), 12)),
+    Column("outcome", "outcome", 8, _outcome),
     Column("ttft_ms", "TTFT ms", 8, number()),
     Column("queue_ms", "queue ms", 8, number()),
-    Column("tpot_ms", "TPOT ms", 8, number()),
-    Column("max_itl_ms", "max ITL", 8, number()),
     Column("e2e_ms", "E2E ms", 8, number()),
+    Column("tpot_ms", "TPOT ms", 7, number()),
+    Column("max_itl_ms", "max ITL", 7, number()),
+    Column("prompt", "prompt", 6, number()),
+    Column("output", "out", 5, number()),
     Column("sent_ms", "sent at ms", 10, number(4)),
 ]
 

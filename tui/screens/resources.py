@@ -73,7 +73,7 @@ class ResourcesScreen(TriageStepScreen):
         total = sum(v for _, v in seconds)
         return (Text("window breakdown (each instant once: kernel > copy > comm > runtime > CPU)\n",
                      style="bold") + stacked_bar(seconds, width, total) + Text("\n")
-                + legend(seconds, fmt.duration, total=total))  # fmt: skip
+                + legend(seconds, fmt.duration, total=total, width=width))  # fmt: skip
 
     def window_text(self) -> str:
         lo, hi = self.window

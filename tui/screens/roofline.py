@@ -37,9 +37,9 @@ def draw_roofline(report, width: int) -> Text:
                                                     lambda x: min(peak, x * bw))  # fmt: skip
     out = Text()
     lines = plot.split("\n")
+    labels = {0: y_hi, HEIGHT // 2: (y_hi + y_lo) / 2, HEIGHT - 1: y_lo}  # log10 FLOP/s
     for i, line in enumerate(lines):
-        y = y_hi - (i + 0.5) / HEIGHT * (y_hi - y_lo)
-        label = fmt.si(10**y, "F/s") if i in (0, HEIGHT // 2, HEIGHT - 1) else ""
+        label = fmt.si(10 ** labels[i]) if i in labels else ""
         out.append(label.rjust(AXIS_W - 1) + "│", style="dim")
         out.append_text(line)
         out.append("\n")
@@ -48,9 +48,8 @@ def draw_roofline(report, width: int) -> Text:
     out.append(" " * AXIS_W + left + right.rjust(plot_w - len(left)) + "\n", style="dim")
     out.append("• steps  ", style="bold cyan")
     out.append("× kernels/ops  ", style="bold magenta")
-    out.append("─ roof ", style="yellow")
-    out.append(f"({c.device}, {dtype}: {fmt.si(peak, 'FLOP/s')}, {fmt.si(bw, 'B/s')}; "
-               f"ridge {fmt.num(peak / bw)} FLOP/B; {c.source})", style="dim")  # fmt: skip
+    out.append("─ roof", style="yellow")
+    out.append("  (y: attained FLOP/s, x: arithmetic intensity)", style="dim")
     return out
 
 
@@ -69,10 +68,21 @@ class RooflineScreen(RunScreen):
                         "with FLOPs and bytes", classes="note")  # fmt: skip
             return
         yield Chart(lambda w: draw_roofline(r, w), id="roofline-chart")
+        yield Static(ceilings_text(r), id="ceilings")
         yield Static(bound_table(r), id="bounds")
         if len(r.spans):
             yield Static(kernel_table(r.spans), id="roofline-kernels")
         yield Label("t: every step with its share of the roof (sort with s)", classes="note")
+
+
+def ceilings_text(r) -> Text:
+    c, dtype = r.ceilings, r.dtype
+    peak, bw = c.peak_flops(dtype), c.bytes_per_s
+    return Text(
+        f"ceilings: {c.device}, {dtype}: {fmt.si(peak, 'FLOP/s')}, {fmt.si(bw, 'B/s')}; "
+        f"ridge {fmt.num(peak / bw)} FLOP/B ({c.kind}: {c.source})",
+        style="dim",
+    )
 
 
 def bound_table(r) -> Table:

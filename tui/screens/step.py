@@ -11,7 +11,7 @@ from textual.widgets import Label, Static
 
 from .. import fmt
 from ..data_steps import SpanIndex, step_detail, steps_frame
-from ..widgets.charts import Chart, legend, stacked_bar
+from ..widgets.charts import Chart, decomposition
 from ..widgets.frame_table import Column, FrameView, number
 from .base import RunScreen
 
@@ -52,8 +52,7 @@ class EngineStepScreen(RunScreen):
                 parts = list(zip(d.phases["name"], d.phases["dur_ms"] / 1e3, strict=True))
                 total = d.row["dur_ms"] / 1e3
                 yield Label("Phases", classes="section")
-                yield Chart(lambda w: stacked_bar(parts, w, total) + Text("\n")
-                            + legend(parts, fmt.ms, total=total), id="step-phases")  # fmt: skip
+                yield Chart(lambda w: decomposition(parts, w, total, fmt.ms), id="step-phases")
             yield Static(self.roofline_text(), id="step-roofline")
             yield Label(f"Kernels, copies and ops in the step ({len(d.work)})", classes="section")
             if len(d.work):

@@ -69,15 +69,36 @@ def stacked_bar(parts: Sequence[tuple[str, float]], width: int, total: float | N
 
 
 def legend(parts: Sequence[tuple[str, float]], unit: Callable[[float], str],
-           styles: Sequence[str] = PALETTE, total: float | None = None) -> Text:  # fmt: skip
+           styles: Sequence[str] = PALETTE, total: float | None = None,
+           width: int = 10_000) -> Text:  # fmt: skip
+    """The key of a stacked bar with each part's value and share, wrapped at `width`."""
     whole = total if total else sum(v for _, v in parts if v == v)
-    text = Text()
+    entries = []
     for i, (label, v) in enumerate(parts):
         if not v or v != v:
             continue
-        text.append("█ ", style=styles[i % len(styles)])
         share = f" {fmt.pct(v / whole)}" if whole else ""
-        text.append(f"{label} {unit(v)}{share}   ")
+        entries.append((styles[i % len(styles)], f"{label} {unit(v)}{share}"))
+    return _wrap(entries, width)
+
+
+def decomposition(parts: Sequence[tuple[str, float]], width: int, total: float,
+                  unit: Callable[[float], str]) -> Text:  # fmt: skip
+    """A stacked bar of `parts` over `total`, with its key below."""
+    return stacked_bar(parts, width, total) + Text("\n") + legend(parts, unit, total=total,
+                                                                   width=width)  # fmt: skip
+
+
+def _wrap(entries: list[tuple[str, str]], width: int) -> Text:
+    text, used = Text(), 0
+    for style, label in entries:
+        n = len(label) + 4
+        if used and used + n > width:
+            text.append("\n")
+            used = 0
+        text.append("█ ", style=style)
+        text.append(label + "  ")
+        used += n
     return text
 
 
@@ -95,8 +116,11 @@ def columns(values: Sequence[float], width: int, height: int, reference: float |
         line = Text()
         for v in vals:
             level = v / top * height - r  # how much of this cell is filled (0..1+)
-            if level >= 1:
-                line.append("█", style=style)
+            if level >= 1:  # the reference line stays visible across a full bar
+                line.append(
+                    "━" if r == ref_row else "█",
+                    style=f"yellow on {style}" if r == ref_row else style,
+                )
             elif level > 0:
                 line.append(BLOCKS[max(1, int(level * 8))], style=style)
             elif r == ref_row:
@@ -172,10 +196,6 @@ def _decades(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
     return float(a), float(max(b, a + 1))
 
 
-def swatches(labels: Sequence[str], styles: Sequence[str] = PALETTE) -> Text:
-    """The colour key of a stacked bar."""
-    text = Text()
-    for i, label in enumerate(labels):
-        text.append("█ ", style=styles[i % len(styles)])
-        text.append(f"{label}  ")
-    return text
+def swatches(labels: Sequence[str], styles: Sequence[str] = PALETTE, width: int = 10_000) -> Text:
+    """The colour key of a stacked bar, wrapped at `width`."""
+    return _wrap([(styles[i % len(styles)], label) for i, label in enumerate(labels)], width)
