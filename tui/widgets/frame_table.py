@@ -119,6 +119,7 @@ class FrameView(Vertical):
         self.rows = np.arange(len(self.frame))  # positions shown, in order
         self.page = 0
         self.loaded = 0  # rows of the current page in the table
+        self.status_text = ""
 
     def compose(self) -> ComposeResult:
         yield FilterInput(placeholder="filter: text, outcome=error, ttft>100 — enter applies",
@@ -203,6 +204,7 @@ class FrameView(Vertical):
                 text += f" · sorted by {label} {'↓' if self.descending else '↑'}"
             if self.pages > 1:
                 text += f" · page {self.page + 1}/{self.pages}"
+        self.status_text = text
         self.query_one(".status", Static).update(Text(text, style="red" if error else "dim"))
 
     # -- actions ---------------------------------------------------------------------
