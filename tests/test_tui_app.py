@@ -290,3 +290,55 @@ def test_cli_missing_and_corrupt_runs_are_one_line(cli, runs, tmp_path):
     (bad / "manifest.json").write_text("{not json")
     r = cli("tui", bad)
     assert r.returncode == 1 and r.stderr.count("\n") == 1
+
+
+@pytest.mark.asyncio
+async def test_overview_before_the_analysis_and_keys_meanwhile(runs, monkeypatch):
+    """The identity shows at once with a progress bar; keys work while the worker runs;
+    the findings appear when it is done."""
+    import threading
+
+    from perfdiag.tui.data import RunData
+
+    gate = threading.Event()
+    analyse = RunData.analyse
+
+    def slow(self, progress=None):
+        progress("serving analyses", 0.1)
+        gate.wait(10)
+        return analyse(self, progress)
+
+    monkeypatch.setattr(RunData, "analyse", slow)
+    app = make_app(load_run(runs[0]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, OverviewScreen)
+        assert app.screen.query("#identity") and app.screen.query("#progress")
+        assert not app.screen.query("#findings")
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape", "3")  # a step screen waits for the analysis
+        assert "analysing" in text_of(app.screen.query_one("#waiting"))
+        gate.set()
+        await settle(app, pilot)
+        assert app.screen.query("#checks")  # … and fills in when it is done
+        await pilot.press("escape")
+        await settle(app, pilot)
+        assert app.screen.query_one("#findings", DataTable).row_count == 5
+        assert not app.screen.query("#progress")
+
+
+@pytest.mark.asyncio
+async def test_a_run_that_fails_while_analysed_ends_the_app(runs, monkeypatch):
+    from perfdiag.errors import RunFormatError
+    from perfdiag.tui.data import RunData
+
+    def broken(self, progress=None):
+        raise RunFormatError("tables/spans.parquet is corrupt or truncated (bad page)")
+
+    monkeypatch.setattr(RunData, "analyse", broken)
+    app = make_app(load_run(runs[0]))
+    async with app.run_test() as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    assert app.return_code == 1 and "spans.parquet is corrupt" in str(app.error)
