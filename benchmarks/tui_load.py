@@ -131,6 +131,23 @@ async def measure(path: Path) -> None:
                 f"({len(keys)} presses)"
             )
 
+        for key in ("2", "3", "4", "5", "y", "t"):  # each screen, built and drawn
+
+            def built() -> bool:
+                s = app.screen
+                return (
+                    not isinstance(s, OverviewScreen) and s.is_mounted and not s.query("#waiting")
+                )
+
+            k = time.perf_counter()
+            app.simulate_key(key)
+            await until(built, timeout=300)
+            await pilot.pause()
+            print(
+                f"screen {key!r} ready in {time.perf_counter() - k:.2f} s ({app.screen.name_text})"
+            )
+            app.simulate_key("escape")
+            await until(lambda: isinstance(app.screen, OverviewScreen))
         k0 = time.perf_counter()
         await pilot.press("r")
         await until(
@@ -162,6 +179,17 @@ async def measure(path: Path) -> None:
                 f"(now page {view.page + 1}/{view.pages}, row {table.cursor_row}, "
                 f"{table.row_count} rows in the widget)"
             )
+        for label in ("a request (enter)", "its first step (enter)"):
+            k = time.perf_counter()
+            app.simulate_key("enter")
+            before = app.screen
+            await until(lambda before=before: app.screen is not before and app.screen.is_mounted)
+            await pilot.pause()
+            print(f"  {label}: {1e3 * (time.perf_counter() - k):.0f} ms ({app.screen.name_text})")
+        app.simulate_key("escape")
+        app.simulate_key("escape")
+        await until(lambda: isinstance(app.screen, RequestsScreen))
+        await pilot.pause()
         for label, action in (
             ("end (last page)", lambda: pilot.press("end")),
             ("sort by another column", lambda: pilot.press("s")),
