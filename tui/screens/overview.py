@@ -11,7 +11,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Label, ProgressBar, Static
 
 from .. import fmt
-from ..data import RunData
+from ..data import RunData, step_rows
 from ..style import SEVERITY_STYLE, STATUS_GLYPH, STATUS_STYLE, severity_label
 from .base import RunScreen
 
@@ -27,6 +27,7 @@ class OverviewScreen(RunScreen):
     def body(self) -> ComposeResult:
         d = self.data
         self._stage = d.stage
+        self._compared = self.app.comparison is not None
         with VerticalScroll(id="overview"):
             if not d.ready:
                 stage, share = self.app.progress
@@ -109,7 +110,7 @@ class OverviewScreen(RunScreen):
         table.add_column("status", width=15)
         table.add_column("question", width=width)
         table.add_column("checks", width=20)
-        for s in self.data.steps():
+        for s in self.step_rows():
             counts = f"{s.fired} fired, {s.passed} ok"
             if s.not_evaluated:
                 counts += f", {len(s.not_evaluated)} n/e"
@@ -120,8 +121,22 @@ class OverviewScreen(RunScreen):
                 counts,
                 key=f"step{s.step}",
             )
-        table.styles.height = len(self.data.steps()) + 1
+        table.styles.height = len(self.step_rows()) + 1
         return table
+
+    def step_rows(self):
+        """This run's steps; with two runs, steps 6–7 are B's checks against A."""
+        rows = self.data.steps()
+        c = self.app.comparison
+        if c is None:
+            return rows
+        from dataclasses import replace
+
+        against = {s.step: s for s in step_rows(c.triage) if s.step >= 6}
+        return tuple(
+            replace(against[s.step], title=f"{s.title} (B against A)") if s.step in against else s
+            for s in rows
+        )
 
     def metrics_table(self) -> Table:
         t = Table.grid(padding=(0, 1))
@@ -144,7 +159,8 @@ class OverviewScreen(RunScreen):
 
     # -- events ------------------------------------------------------------------
     def data_changed(self) -> None:
-        if self.data.stage != self._stage:
+        compared = self.app.comparison is not None
+        if self.data.stage != self._stage or compared != self._compared:
             self.call_later(self.rebuild)
             return
         stage, share = self.app.progress
