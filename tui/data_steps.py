@@ -86,6 +86,18 @@ class SpanIndex:
         return self.frame.iloc[lo:hi]
 
 
+def recorded_work(index: SpanIndex, step_ids) -> dict[int, tuple[int, int]]:
+    """Per step: how many ops were recorded in it (kernels, copies, CPU ops, launches;
+    not the engine's phases) and the time of those that ran on a GPU (ns)."""
+    out = {}
+    for sid in step_ids:
+        w = index.of_step(int(sid))
+        ops = (w["category"].astype(str) != "phase").to_numpy()
+        gpu = ops & w["device"].notna().to_numpy()
+        out[int(sid)] = (int(ops.sum()), int(w["dur_ns"].to_numpy()[gpu].sum()))
+    return out
+
+
 @dataclass(frozen=True)
 class StepDetail:
     step_id: int

@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Label, Static
 
 from .. import fmt
 from ..data_requests import PART_LABELS, request_detail
+from ..data_steps import SpanIndex, recorded_work
 from ..widgets.charts import Chart, decomposition
 from ..widgets.frame_table import Column, FrameView, number
 from .base import RunScreen
@@ -99,11 +100,15 @@ class RequestScreen(RunScreen):
 
     def steps_table(self) -> DataTable:
         table = DataTable(id="request-steps", cursor_type="row")
-        table.add_columns("step", "role", "start ms", "dur ms", "batch", "context")
-        for s in self.detail.steps.itertuples():
+        table.add_columns("step", "role", "start ms", "dur ms", "batch", "context", "recorded ops")
+        steps = self.detail.steps
+        work = recorded_work(self.data.memo("span_index", SpanIndex), steps["step_id"])
+        for s in steps.itertuples():
             batch = f"P{s.prefill_seqs}/{s.prefill_tokens} D{s.decode_seqs}"
+            n, ns = work.get(int(s.step_id), (0, 0))
+            gpu = f"{n:,}" + (f", GPU {fmt.ms_ns(ns)}" if ns else "") if n else fmt.DASH
             table.add_row(str(s.step_id), s.role, fmt.num(s.start_ms, 4), fmt.num(s.dur_ms),
-                          batch, fmt.num(s.context_tokens), key=str(s.step_id))  # fmt: skip
+                          batch, fmt.num(s.context_tokens), gpu, key=str(s.step_id))  # fmt: skip
         table.styles.height = min(len(self.detail.steps), 8) + 1
         return table
 
