@@ -18,7 +18,7 @@ from perfdiag.tui.data import RunData, identity, step_status
 from perfdiag.tui.data_load import load_series
 from perfdiag.tui.data_requests import request_detail, requests_frame
 from perfdiag.tui.data_resources import build_lanes, window_breakdown
-from perfdiag.tui.data_steps import SpanIndex, step_detail, steps_frame
+from perfdiag.tui.data_steps import SpanIndex, recorded_work, step_detail, steps_frame
 
 DATA = Path(__file__).parent / "data"
 
@@ -116,6 +116,9 @@ def test_steps_frame_and_one_step(demo):
     launches = d.work[d.work["category"] == "cuda_runtime"]
     assert launches["intensity"].isna().all()  # no FLOPs recorded: no position
     assert step_detail(demo, SpanIndex(demo), 999, frame) is None
+    # per step: 4 launches + 4 kernels recorded; GPU time = the kernels'
+    work = recorded_work(SpanIndex(demo), [3, 999])
+    assert work[3] == (8, int(kernels["dur_us"].sum() * 1e3)) and work[999] == (0, 0)
 
 
 def test_load_series(demo):
