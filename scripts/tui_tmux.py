@@ -29,7 +29,10 @@ def tmux(*args: str) -> str:
 
 
 def screen() -> str:
-    return tmux("capture-pane", "-p", "-t", SESSION)
+    try:
+        return tmux("capture-pane", "-p", "-t", SESSION)
+    except subprocess.CalledProcessError:
+        raise SystemExit("tui_tmux: the tmux session ended (the TUI exited)") from None
 
 
 def wait_for(pattern: str, timeout: float = 60.0) -> str:
@@ -41,6 +44,9 @@ def wait_for(pattern: str, timeout: float = 60.0) -> str:
         # shown, and the same as 0.3 s ago: not a capture of a half-drawn screen
         if re.search(pattern, text, re.M) and text == last:
             return text
+        if "EXITED" in text and "EXITED" not in pattern:
+            show("the TUI exited", text)
+            raise SystemExit("tui_tmux: the TUI exited before " + repr(pattern))
         last = text
         if time.monotonic() > end:
             show("timed out waiting for " + pattern, text)
@@ -86,7 +92,7 @@ def drive(runs: list[Path], width: int, height: int) -> None:
     command = " ".join(shlex.quote(str(p)) for p in [*PERFDIAG, "tui", *map(str, runs)])
     subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     tmux("new-session", "-d", "-s", SESSION, "-x", str(width), "-y", str(height),
-         f"cd {shlex.quote(str(ROOT))} && {command}; sleep 30")  # fmt: skip
+         f"cd {shlex.quote(str(ROOT))} && {command}; echo EXITED $?; sleep 600")  # fmt: skip
     try:
         show("overview (while the worker analyses)", wait_for(r"perfdiag · "))
         overview = wait_for(r"Findings, ranked")
@@ -113,11 +119,11 @@ def drive(runs: list[Path], width: int, height: int) -> None:
         keys("?")
         show("help", wait_for(r"perfdiag tui — keys"))
         keys("Escape", "q")
-        time.sleep(1.0)
-        after = screen()
-        if "Findings, ranked" in after:
-            raise SystemExit("tui_tmux: q did not quit")
-        print("quit cleanly.")
+        after = wait_for(r"EXITED \d+", 10)
+        if "EXITED 0" not in after:
+            show("after q", after)
+            raise SystemExit("tui_tmux: the TUI did not exit cleanly")
+        print("quit cleanly (exit code 0).")
     finally:
         subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
 

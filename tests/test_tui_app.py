@@ -100,6 +100,13 @@ async def test_finding_leads_to_its_step_screen(runs):
         await pilot.press("down", "enter")  # host-bound, step 4
         await settle(app, pilot)
         assert app.screen.finding.check == "host-bound"
+        # its evidence names steps: enter opens the first one
+        first = app.screen.finding.ids[0].ids[0]
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, EngineStepScreen) and app.screen.step_id == int(first)
+        await pilot.press("escape")
+        await pilot.pause()
         await pilot.press("g")
         await settle(app, pilot)
         assert isinstance(app.screen, ResourcesScreen) and app.screen.step == 4

@@ -82,9 +82,9 @@ class FindingScreen(RunScreen):
 
             self.app.push_screen(RequestScreen(self.data, ident))
         elif kind == "step":
-            from .step import StepScreen
+            from .step import EngineStepScreen
 
-            self.app.push_screen(StepScreen(self.data, int(ident)))
+            self.app.push_screen(EngineStepScreen(self.data, int(ident)))
 
     def action_goto_step(self) -> None:
         self.app.action_open(f"step{self.finding.step}")

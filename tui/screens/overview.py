@@ -110,6 +110,11 @@ class OverviewScreen(RunScreen):
         table.add_column("status", width=15)
         table.add_column("question", width=width)
         table.add_column("checks", width=20)
+        self.fill_steps(table, width)
+        table.styles.height = len(self.step_rows()) + 1
+        return table
+
+    def fill_steps(self, table: DataTable, width: int) -> None:
         for s in self.step_rows():
             counts = f"{s.fired} fired, {s.passed} ok"
             if s.not_evaluated:
@@ -121,8 +126,6 @@ class OverviewScreen(RunScreen):
                 counts,
                 key=f"step{s.step}",
             )
-        table.styles.height = len(self.step_rows()) + 1
-        return table
 
     def step_rows(self):
         """This run's steps; with two runs, steps 6–7 are B's checks against A."""
@@ -160,8 +163,18 @@ class OverviewScreen(RunScreen):
     # -- events ------------------------------------------------------------------
     def data_changed(self) -> None:
         compared = self.app.comparison is not None
-        if self.data.stage != self._stage or compared != self._compared:
+        if self.data.stage != self._stage:
             self.call_later(self.rebuild)
+            return
+        if compared != self._compared:
+            # the comparison came while the user may be moving in the tables: refill the
+            # steps in place, keeping the focus and the cursor
+            self._compared = compared
+            for table in self.query("#steps").results(DataTable):
+                row = table.cursor_row
+                table.clear()
+                self.fill_steps(table, max(self.app.size.width - 53, 16))
+                table.move_cursor(row=row)
             return
         stage, share = self.app.progress
         for bar in self.query("#progress"):
