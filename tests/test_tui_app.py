@@ -354,3 +354,21 @@ async def test_a_run_that_fails_while_analysed_ends_the_app(runs, monkeypatch):
         await app.workers.wait_for_complete()
         await pilot.pause()
     assert app.return_code == 1 and "spans.parquet is corrupt" in str(app.error)
+
+
+@pytest.mark.asyncio
+async def test_mouse_opens_rows_and_sorts_by_header(runs):
+    app = make_app(load_run(runs[0]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(app, pilot)
+        # the second finding's row (header line, then rows): click to select, click to open
+        await pilot.click("#findings", offset=(20, 2))
+        await pilot.click("#findings", offset=(20, 2))
+        await settle(app, pilot)
+        assert isinstance(app.screen, FindingScreen) and app.screen.finding.rank == 2
+        await pilot.press("escape", "r")
+        await settle(app, pilot)
+        view = app.screen.query_one(FrameView)
+        await pilot.click(view.table, offset=(60, 0))  # a header: sort by that column
+        await pilot.pause()
+        assert view.sort_key != "ttft_ms" and view.descending
