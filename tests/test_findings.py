@@ -140,6 +140,24 @@ def test_the_gate_catches_contradictory_times(tmp_path):
     assert f in triage.qualifiers and triage.top is not f
 
 
+def test_the_gate_names_requests_with_missing_milestones(tmp_path):
+    c, e = runs.client, runs.engine
+    events = []
+    for i in range(10):
+        rid, t = f"r{i}", 10.0 * i
+        events += [c(rid, "sent", t), c(rid, "first_token", t + 5), c(rid, "chunk", t + 5, 1)]
+        events += [c(rid, "done", t + 6), e(rid, "arrival", t + 1), e(rid, "finished", t + 5)]
+        if rid not in ("r2", "r5", "r7"):  # three requests lose their engine first token
+            events.append(e(rid, "first_token", t + 4))
+    reqs = [Request(f"r{i}", 4, 1, finish_reason="stop") for i in range(10)]
+    path = runs.write(tmp_path / "gaps", reqs, events)
+    f = run_triage(TriageContext(load_run(path))).by_check("lifecycles-incomplete")
+    assert f is not None and f.severity == "critical"  # 3 of 10: above the 20 % line
+    assert f.ids[0].ids == ("r2", "r5", "r7")
+    values = {x.name: x.value for x in f.evidence}
+    assert values["incomplete"] == 3 and values["missing"] == "engine.first_token ×3"
+
+
 def test_findings_json_and_the_triage_on_the_terminal(tmp_path):
     path = runs.preempt(tmp_path / "p")
     text = cli("analyze", path)
