@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..analyzers.findings import IdList
 from .facts import Fact, TriageContext, Unavailable, ev, fact, finite
@@ -149,27 +151,36 @@ def incomplete_lifecycles(ctx: TriageContext) -> Fact | Unavailable:
     """Share of requests that ended normally but lack a milestone their side records
     (client: sent, first token, done; engine: arrival, first token, finished), or that
     have events but no row in the requests table in a complete run."""
-    req, ev_ = ctx.run.requests, ctx.run.request_events
-    if not len(req) or not len(ev_):
+    run = ctx.run
+    if not run.row_counts()["requests"] or not run.row_counts()["request_events"]:
         return Unavailable("the run has no requests or no request events")
-    ok = req[req["finish_reason"].isin(["stop", "length"]).to_numpy()]
-    sides = set(ev_["side"].dropna().astype(str))
+    # In Arrow: hashed membership tests in C over millions of events (pandas' string
+    # isin walks Python objects).
+    req = run.arrow("requests", ["request_id", "finish_reason"])
+    evt = run.arrow("request_events", ["request_id", "side", "kind"])
+    side = pc.cast(evt["side"], pa.string())
+    kind = pc.cast(evt["kind"], pa.string())
+    reason = pc.cast(req["finish_reason"], pa.string())
+    ids = pc.filter(req["request_id"], pc.is_in(reason, value_set=pa.array(["stop", "length"])))
+    sides = set(pc.unique(side).drop_null().to_pylist())
     needed = [("client", k) for k in _CLIENT_ORDER if "client" in sides]
     needed += [("engine", k) for k in ("arrival", "first_token", "finished") if "engine" in sides]
-    ids = pd.Index(ok["request_id"].astype(str))
-    side, kind = ev_["side"], ev_["kind"]
-    # One vectorised membership test per milestone (millions of events, no Python loop).
-    missing_by = {
-        f"{s}.{k}": ~ids.isin(ev_.loc[(side == s) & (kind == k), "request_id"].astype(str))
-        for s, k in needed
-    }
-    any_missing = np.logical_or.reduce(list(missing_by.values())) if missing_by else []
-    bad = ids[any_missing].tolist() if len(any_missing) else []
+    missing_by = {}
+    for s, k in needed:  # one membership test per milestone
+        present = pc.filter(evt["request_id"], pc.and_(pc.equal(side, s), pc.equal(kind, k)))
+        missing_by[f"{s}.{k}"] = np.asarray(pc.invert(pc.is_in(ids, value_set=present)))
+    bad: list[str] = []
+    if missing_by:
+        any_missing = np.logical_or.reduce(list(missing_by.values()))
+        bad = pc.filter(ids, pa.array(any_missing)).to_pylist()
     lacking = {g: int(m.sum()) for g, m in missing_by.items() if m.any()}
-    orphans = []
-    if ctx.run.status == "complete":
-        orphans = sorted(set(ev_["request_id"].astype(str)) - set(req["request_id"].astype(str)))
-    n = len(req) + len(orphans)
+    orphans: list[str] = []
+    if run.status == "complete":
+        seen = pc.unique(evt["request_id"])
+        orphans = sorted(
+            pc.filter(seen, pc.invert(pc.is_in(seen, value_set=req["request_id"]))).to_pylist()
+        )
+    n = req.num_rows + len(orphans)
     value = (len(bad) + len(orphans)) / n if n else 0.0
     missing = ", ".join(f"{k} ×{v}" for k, v in sorted(lacking.items()))
     if orphans:
