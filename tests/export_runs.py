@@ -6,14 +6,12 @@ partially overlaps its neighbour, zero-length and identical spans; launches with
 kernels (one graph launch with two), a kernel that starts before its step, copies, a
 GPU collective and a CPU one, a GPU annotation, a span with no resource; counters out of
 order with a NaN; findings naming steps and requests. Times are µs after T0, which is
-far past float64's exact range in ns. Loaded by the tests with `load_helper`.
+far past float64's exact range in ns. Tests import it by name (pytest puts tests/ on sys.path).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 from perfdiag.traces.schema import Counter, Request, RequestEvent, Span, Step
@@ -25,17 +23,6 @@ PID, TID = 4242, 4243
 
 def us(t: float) -> int:
     return T0 + round(t * 1000)
-
-
-def load_helper(name: str):
-    """Import tests/<name>.py (tests/ is not a package)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def engine(rid, kind, t, step=None, tokens=None, detail=None, cached=None):

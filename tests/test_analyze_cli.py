@@ -1,22 +1,15 @@
 """`perfdiag analyze RUN`: readable tables, results/metrics.json, --json, SLOs, and runs
 that lack what an analysis needs (that analysis says so, the others still run)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+import serving_runs as runs
 from typer.testing import CliRunner
 
 from perfdiag.cli import app
 from perfdiag.traces.layout import parquet_path
 from perfdiag.traces.schema import Span
-
-_spec = importlib.util.spec_from_file_location(
-    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
-)
-runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runs)
 
 
 def analyze(*args):

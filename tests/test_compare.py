@@ -2,12 +2,11 @@
 correctness from output digests, findings that appeared — on hand-built runs and on
 runs of the reference engine that differ in one setting, in three, and in model seed."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+import serving_runs as runs
 from typer.testing import CliRunner
 
 from perfdiag import load_run
@@ -19,12 +18,6 @@ from perfdiag.probes.session import record_run
 from perfdiag.probes.workload import ArrivalSpec, LengthSpec, WorkloadSpec
 from perfdiag.traces.manifest import Manifest
 from perfdiag.traces.schema import Request
-
-_spec = importlib.util.spec_from_file_location(
-    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
-)
-runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runs)
 
 
 @pytest.fixture(autouse=True)

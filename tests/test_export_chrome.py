@@ -3,32 +3,17 @@ holds the same slices per kind as the run, keeps every timestamp to the nanoseco
 on every thread, pairs its flows and names its processes and threads."""
 
 import gzip
-import importlib.util
 import json
-import sys
 from collections import Counter, defaultdict
 from decimal import Decimal
 from pathlib import Path
 
+import export_runs as R
 import pytest
 
 import perfdiag
 from perfdiag.traces.exporters import export_run
 from perfdiag.traces.exporters.chrome import us_text
-
-
-def _helpers():
-    """tests/export_runs.py (tests/ is not a package)."""
-    name = "export_runs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-R = _helpers()
 
 
 def load_chrome(path: Path) -> dict:

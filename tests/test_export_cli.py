@@ -1,26 +1,11 @@
 """`perfdiag export` as a user runs it: the three formats, and bad input as one line on
 stderr with exit code 1 (never a traceback, never a half-written file)."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
+import export_runs as R
 import pytest
-
-
-def _helpers():
-    """tests/export_runs.py (tests/ is not a package)."""
-    name = "export_runs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-R = _helpers()
 
 
 @pytest.fixture(scope="module")

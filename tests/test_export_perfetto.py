@@ -2,30 +2,14 @@
 protobuf classes, passes the structural validator, and holds exactly what the run holds
 (slices per kind, every span's name and ns times, flows, counters, findings)."""
 
-import importlib.util
-import sys
 from collections import Counter
-from pathlib import Path
 
+import export_runs as R
+import perfetto_validator as V
 import pytest
 
 import perfdiag
 from perfdiag.traces.exporters import Annotation, export_run
-
-
-def _helpers():
-    """tests/export_runs.py (tests/ is not a package)."""
-    name = "export_runs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-R = _helpers()
-V = R.load_helper("perfetto_validator")
 
 
 @pytest.fixture(scope="module")

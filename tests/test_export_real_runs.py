@@ -3,13 +3,13 @@ and the shared Kineto traces imported with `perfdiag import`. Both formats keep 
 slice per kind, the kernel count and the total kernel time to the nanosecond."""
 
 import gzip
-import importlib.util
 import json
 import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
 
+import perfetto_validator as V
 import pytest
 
 import perfdiag
@@ -19,19 +19,6 @@ from perfdiag.traces.importers.kineto import import_kineto
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
 KINETO = SHARED_DATA / "kineto"
 needs_shared = pytest.mark.skipif(not KINETO.exists(), reason="shared/data/kineto not present")
-
-
-def _load(name):
-    """tests/<name>.py (tests/ is not a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-V = _load("perfetto_validator")
 
 
 def chrome_doc(path: Path) -> dict:

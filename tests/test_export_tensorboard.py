@@ -3,11 +3,10 @@ the run's kernels; the raw profiler trace copied when the run kept one; a clear 
 a run without a profiler window."""
 
 import gzip
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
+import export_runs as R
 import pytest
 
 import perfdiag
@@ -15,20 +14,6 @@ from perfdiag.errors import PerfdiagError
 from perfdiag.traces.exporters import export_run
 from perfdiag.traces.schema import Span
 from perfdiag.traces.writer import RunWriter
-
-
-def _helpers():
-    """tests/export_runs.py (tests/ is not a package)."""
-    name = "export_runs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-R = _helpers()
 
 
 def plugin_load(logdir: Path, run_name: str):

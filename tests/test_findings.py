@@ -2,11 +2,11 @@
 findings.json, report.md with figures, and runs that lack tables (steps not evaluated,
 with the reason)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+import serving_runs as runs
 import yaml
 from typer.testing import CliRunner
 
@@ -18,11 +18,6 @@ from perfdiag.playbooks.facts import TriageContext
 from perfdiag.playbooks.schema import load_playbook
 from perfdiag.traces.schema import Request, Step
 
-_spec = importlib.util.spec_from_file_location(
-    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
-)
-runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runs)
 KINETO = Path(__file__).parent / "data" / "kineto_excerpt.json"
 
 

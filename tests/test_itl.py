@@ -1,22 +1,14 @@
 """ITL attribution on hand-built runs (timelines in tests/data/serving_runs.py, ms)."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+import serving_runs as runs
 
 from perfdiag import load_run
 from perfdiag.analyzers.itl import CAUSES, attribute_itl
 from perfdiag.analyzers.lifecycle import build_lifecycle
 from perfdiag.analyzers.metrics import delivery_gaps
 from perfdiag.analyzers.steptime import StepTimeline
-
-_spec = importlib.util.spec_from_file_location(
-    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
-)
-runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runs)
 
 MS = 1e-3
 COLS = [f"{c}_s" for c in CAUSES]

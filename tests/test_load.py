@@ -1,23 +1,15 @@
 """Load checks on hand-built client timelines: offered rate, lateness, back-pressure under
 a cap, in-flight concurrency, Little's law and saturation."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+import serving_runs as runs
 
 from perfdiag import load_run
 from perfdiag.analyzers.lifecycle import build_lifecycle
 from perfdiag.analyzers.load import load_checks
 from perfdiag.analyzers.steady_state import find_window
 from perfdiag.analyzers.steptime import StepTimeline
-
-_spec = importlib.util.spec_from_file_location(
-    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
-)
-runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runs)
 
 MS = 1e-3
 

@@ -1,12 +1,10 @@
 """Serving metrics on hand-built runs (tests/data/serving_runs.py): every figure below
 is computed by hand from the timelines documented there (times in ms)."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
+import serving_runs as runs
 
 from perfdiag import load_run
 from perfdiag.analyzers.lifecycle import build_lifecycle
@@ -14,12 +12,6 @@ from perfdiag.analyzers.metrics import serving_metrics
 from perfdiag.analyzers.slo import Slo, load_slo_file, parse_slo
 from perfdiag.analyzers.steady_state import find_window
 from perfdiag.errors import ConfigError
-
-_spec = importlib.util.spec_from_file_location(
-    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
-)
-runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runs)
 
 MS = 1e-3
 

@@ -2,11 +2,9 @@
 fairness, on hand-built runs (tests/data/serving_runs.py) and a synthetic step table
 with known costs."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+import serving_runs as runs
 
 from perfdiag import load_run
 from perfdiag.analyzers.cache import cache_hits
@@ -15,12 +13,6 @@ from perfdiag.analyzers.lifecycle import build_lifecycle
 from perfdiag.analyzers.scheduler import composition, fit_step_cost, preemptions
 from perfdiag.analyzers.steptime import StepTimeline, WorkWeights
 from perfdiag.analyzers.ttft import decompose_ttft
-
-_spec = importlib.util.spec_from_file_location(
-    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
-)
-runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runs)
 
 MS, US = 1e-3, 1e-6
 # the synthetic engine: 1 ms per step, 20 µs per prefill token, 100 µs per decode

@@ -1,23 +1,16 @@
 """TTFT critical path on hand-built runs (timelines in tests/data/serving_runs.py, ms)."""
 
-import importlib.util
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
+import serving_runs as runs
 
 from perfdiag import load_run
 from perfdiag.analyzers.lifecycle import build_lifecycle
 from perfdiag.analyzers.steptime import StepTimeline, WorkWeights
 from perfdiag.analyzers.ttft import PARTS, decompose_ttft
 from perfdiag.traces.layout import parquet_path
-
-_spec = importlib.util.spec_from_file_location(
-    "serving_runs", Path(__file__).parent / "data" / "serving_runs.py"
-)
-runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runs)
 
 MS = 1e-3
 

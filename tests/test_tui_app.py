@@ -4,11 +4,9 @@ come back; compare two runs; the tables' sorting, filtering and paging; help; er
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
+import tui_runs
 from textual.app import App
 from textual.widgets import DataTable
 
@@ -26,17 +24,12 @@ from perfdiag.tui.screens.roofline import RooflineScreen
 from perfdiag.tui.screens.step import EngineStepScreen
 from perfdiag.tui.widgets.frame_table import PAGE, Column, FrameView
 
-DATA = Path(__file__).parent / "data"
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("tui_runs", DATA / "tui_runs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     base = tmp_path_factory.mktemp("tui")
-    a = mod.demo(base / "demo-a")
-    b = mod.demo(base / "demo-b", chunk=48, flip="req-05", run_id="demo-b")
+    a = tui_runs.demo(base / "demo-a")
+    b = tui_runs.demo(base / "demo-b", chunk=48, flip="req-05", run_id="demo-b")
     return a, b
 
 

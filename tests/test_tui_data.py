@@ -3,14 +3,13 @@ hand-built demo run (tests/data/tui_runs.py), whose numbers follow from its sche
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import tui_runs
 
 from perfdiag import load_run
 from perfdiag.tui import fmt, query
@@ -20,19 +19,10 @@ from perfdiag.tui.data_requests import request_detail, requests_frame
 from perfdiag.tui.data_resources import build_lanes, window_breakdown
 from perfdiag.tui.data_steps import SpanIndex, recorded_work, step_detail, steps_frame
 
-DATA = Path(__file__).parent / "data"
-
-
-def demo_module():
-    spec = importlib.util.spec_from_file_location("tui_runs", DATA / "tui_runs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    path = demo_module().demo(tmp_path_factory.mktemp("tui") / "demo-a")
+    path = tui_runs.demo(tmp_path_factory.mktemp("tui") / "demo-a")
     return RunData(load_run(path), ceilings_dir=path / "no-ceilings").analyse()
 
 
@@ -50,7 +40,7 @@ def test_identity_names_command_config_and_environment(demo):
 
 
 def test_progress_is_reported_stage_by_stage(tmp_path):
-    path = demo_module().demo(tmp_path / "r")
+    path = tui_runs.demo(tmp_path / "r")
     seen = []
     data = RunData(load_run(path))
     assert not data.ready and data.metrics()[0].name == "steps"  # before analysis

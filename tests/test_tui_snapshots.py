@@ -8,26 +8,22 @@ Update after an intended change: pytest tests/test_tui_snapshots.py --snapshot-u
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+import tui_runs
 
 from perfdiag import load_run
 from perfdiag.tui.app import make_app
 
-DATA = Path(__file__).parent / "data"
 SMALL, LARGE = (80, 24), (160, 48)
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("tui_runs", DATA / "tui_runs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     base = tmp_path_factory.mktemp("snap")
-    mod.demo(base / "demo-a")
-    mod.demo(base / "demo-b", chunk=48, flip="req-05", run_id="demo-b")
+    tui_runs.demo(base / "demo-a")
+    tui_runs.demo(base / "demo-b", chunk=48, flip="req-05", run_id="demo-b")
     return base
 
 

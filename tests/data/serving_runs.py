@@ -2,9 +2,8 @@
 
 Every time below is in milliseconds after T0, chosen so that each metric and each
 decomposition part can be computed by hand; the expected values live in the tests,
-with the arithmetic beside them. Loaded by path (tests/data is not a package):
-
-    spec = importlib.util.spec_from_file_location("serving_runs", DATA / "serving_runs.py")
+with the arithmetic beside them. Tests `import serving_runs` (pytest puts tests/data on
+sys.path).
 """
 
 from __future__ import annotations
