@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from ..errors import ConfigError
+from ..yaml_file import read_yaml_mapping
 
 TARGETS = ("ttft", "tpot", "itl", "e2e")
 _PER_SECOND = {"": 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divide: 200us is 0.0002
@@ -56,15 +56,7 @@ def parse_slo(text: str) -> Slo:
 
 
 def load_slo_file(path: str | Path) -> Slo:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the SLO file ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: an SLO file holds a mapping, e.g. `ttft: 0.5`")
+    data = read_yaml_mapping(path, "the SLO file", "a mapping, e.g. `ttft: 0.5`")
     return _from_mapping(data, str(path))
 
 

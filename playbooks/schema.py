@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..analyzers.findings import SEVERITIES
 from ..errors import ConfigError
+from ..yaml_file import read_yaml_mapping
 from . import template
 from .facts import REQUIRED, load_registry
 from .figures import FIGURES
@@ -134,17 +133,7 @@ class Scenario:
 
 
 def _read(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise PlaybookError(f"{path}: cannot read it ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise PlaybookError(f"{path}: {where}not valid YAML ({getattr(e, 'problem', e)})") from None
-    if not isinstance(data, dict):
-        raise PlaybookError(f"{path}: must be a mapping at the top level")
-    return data
+    return read_yaml_mapping(path, "it", "a mapping at the top level", error=PlaybookError)
 
 
 class _Where:

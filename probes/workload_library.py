@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..yaml_file import read_yaml_mapping
 from .workload import WorkloadSpec, spec_from_mapping
 
 DEFAULT_WORKLOAD = "chat"
@@ -38,14 +39,7 @@ def load_workload(name_or_path: str) -> WorkloadSpec:
             f"unknown workload {name_or_path!r}; built-ins: {', '.join(builtins())}, "
             "or give a YAML file"
         )
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the workload file ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a workload file holds a mapping")
+    data = read_yaml_mapping(path, "the workload file")
     data.pop("description", None)
     data.setdefault("name", path.stem)
     try:
