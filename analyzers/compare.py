@@ -3,8 +3,11 @@ end-to-end metrics moved, and whether the outputs are still the same.
 
 - `config_diff`: every setting that differs, as *variables*: an engine option, a workload
   field (the arrival's rate, cap and process separately), injected faults, a package or
-  hardware difference. Measurement settings (probes) are listed apart: they change what
-  is recorded, not what is measured. Step 6 asks that one main variable changes.
+  hardware difference, and the host's conditions (how much of the engine's step time
+  other processes took, analyzers/host.py) when they differ by HOST_CHANGE. Measurement
+  settings (probes) are listed apart — they change what is recorded, not what is
+  measured — except a profiler window, which stalls the engine and so is a variable.
+  Step 6 asks that one main variable changes.
 - `metric_deltas`: percentiles of TTFT, TPOT, ITL and E2E with bootstrap confidence
   intervals on the difference B − A (requests resampled with replacement, each run on its
   own; ITL resamples whole requests with all their gaps, since a request's gaps are not
@@ -40,6 +43,8 @@ _ENV_KEYS = (
     "gpus",
 )
 _WORKLOAD_SKIP = ("name", "description")
+PERTURBING_PROBES = ("profile_steps",)  # probe settings that change what the engine does
+HOST_CHANGE = 0.1  # step time lost to other processes, as a share: a change this large counts
 
 
 @dataclass(frozen=True)
@@ -93,14 +98,21 @@ def _workload_vars(w: dict) -> dict[str, object]:
     return out
 
 
-def config_diff(a: Manifest, b: Manifest) -> ConfigDiff:
+def config_diff(a: Manifest, b: Manifest, host_a=None, host_b=None) -> ConfigDiff:
+    """`host_a`/`host_b`: each run's HostConditions (or None when not recorded)."""
     ra, rb = a.config.get("run_options"), b.config.get("run_options")
     changes: list[Change] = []
     if isinstance(ra, dict) and isinstance(rb, dict):
         changes += _diff(ra.get("engine") or {}, rb.get("engine") or {}, "config", "engine.")
         wa, wb = _workload_vars(ra.get("workload") or {}), _workload_vars(rb.get("workload") or {})
         changes += _diff(wa, wb, "config", "workload.")
-        changes += _diff(ra.get("probes") or {}, rb.get("probes") or {}, "measurement", "probes.")
+        probes = [
+            Change(c.name, "config" if c.name.split(".")[-1] in PERTURBING_PROBES else c.kind,
+                   c.a, c.b)
+            for c in _diff(ra.get("probes") or {}, rb.get("probes") or {}, "measurement",
+                           "probes.")
+        ]  # fmt: skip
+        changes += probes
         # Injected faults (diagnosis experiments): an unset fault is the same as none.
         fa = {k: v for k, v in (a.config.get("faults") or {}).items() if v}
         fb = {k: v for k, v in (b.config.get("faults") or {}).items() if v}
@@ -121,9 +133,26 @@ def config_diff(a: Manifest, b: Manifest) -> ConfigDiff:
             f"in A and {'dirty' if rev_b.endswith('-dirty') else 'clean'} in B"
         )
     changes += _diff(env_a, env_b, "environment", "environment.")
+    changes += _host_change(host_a, host_b)
     if ea.get("hostname") != eb.get("hostname"):
         notes.append(f"recorded on {ea.get('hostname')} and {eb.get('hostname')}")
     return ConfigDiff(tuple(changes), tuple(notes))
+
+
+def _host_change(a, b) -> list[Change]:
+    if a is None or b is None:
+        return []
+    la, lb = a.lost_share, b.lost_share
+    if not (np.isfinite(la) and np.isfinite(lb)) or abs(lb - la) < HOST_CHANGE:
+        return []
+
+    def show(h) -> str:
+        others = (
+            "" if not np.isfinite(h.others_cores) else f", others used {h.others_cores:.1f} cores"
+        )
+        return f"{h.lost_share:.0%} of step time lost to other processes{others}"
+
+    return [Change("host.cpu_contention", "environment", show(a), show(b))]
 
 
 # -- metric deltas ---------------------------------------------------------------------------

@@ -4,13 +4,16 @@
 A delivery carries the tokens sampled in one or more engine steps; its last token was
 sampled at P (the start of sampling in that step, or the token event when sampling is
 not separately timed). The gap [previous delivery, this delivery] is cut at P:
-- before P, along the step timeline: the request's own steps split into decode work
-  (`decode`) and the prefill chunks batched with it (`interference`, by their share of
-  the step's work); steps the request sat out are others' work (`interference`), or
-  `preemption` when the request was preempted in the gap; time between steps is
-  `host_gap` (scheduler, output processing, the host loop);
+- before P, along the step timeline split by the run's step cost model (step_cost.py):
+  in the request's own steps, the fixed cost and the batch's decodes (`decode`: what a
+  decode step costs), the prefill chunks batched with it at their marginal cost
+  (`interference`), and the residual of an inflated step (`inflation`: a step slower
+  than its batch explains — never charged to prefill); steps the request sat out are
+  others' work (`interference`, their residual `inflation`), or `preemption` when the
+  request was preempted in the gap; time between steps is `host_gap` (scheduler, output
+  processing, the host loop), except where a probe held the engine (`probe`);
 - after P: `stream_out`, sampling and the way to the client (output routing, stream
-  buffering, the client's event loop).
+  buffering, the client's event loop), again less any probe stall.
 What the run cannot explain (no engine events for the tokens, no steps) is `remainder`;
 parts + remainder = gap.
 """
@@ -24,10 +27,11 @@ import pandas as pd
 
 from .lifecycle import Lifecycle
 from .steady_state import INTERNAL
-from .steptime import StepTimeline, WorkWeights
+from .steptime import NO_STALLS, Stalls, StepParts, StepTimeline
 
 NS = 1e9
-CAUSES = ("decode", "interference", "preemption", "host_gap", "stream_out", "remainder")
+CAUSES = ("decode", "interference", "inflation", "preemption", "probe", "host_gap",
+          "stream_out", "remainder")  # fmt: skip
 _COLS = tuple(f"{c}_s" for c in CAUSES)
 
 
@@ -39,7 +43,9 @@ class ItlParts:
     gap_s: float
     decode_s: float
     interference_s: float
+    inflation_s: float
     preemption_s: float
+    probe_s: float
     host_gap_s: float
     stream_out_s: float
     remainder_s: float
@@ -51,7 +57,9 @@ class DominantCauses:
 
     decode: int
     interference: int
+    inflation: int
     preemption: int
+    probe: int
     host_gap: int
     stream_out: int
     remainder: int
@@ -72,10 +80,14 @@ def attribute_itl(
     gaps: pd.DataFrame,
     steps: StepTimeline | None,
     select: np.ndarray,
-    weights: WorkWeights | None = None,
+    parts_of_steps: StepParts | None = None,
+    stalls: Stalls = NO_STALLS,
 ) -> ItlAttribution:
-    """Attribute the gaps (from metrics.delivery_gaps) of the selected requests."""
-    weights = weights or WorkWeights()
+    """Attribute the gaps (from metrics.delivery_gaps) of the selected requests;
+    `parts_of_steps` splits the steps (token counts when None), `stalls` are intervals
+    in which a probe held the engine."""
+    if steps is not None and parts_of_steps is None:
+        parts_of_steps = StepParts.from_model(steps, None)
     g = gaps[select[gaps["code"].to_numpy()]] if len(gaps) else gaps
     n = len(g)
     t_prev, t = g["t_prev"].to_numpy(), g["t"].to_numpy()
@@ -86,13 +98,19 @@ def attribute_itl(
         if len(own_pos):
             p = _sampling_points(lc, own_pos, own_gap, n, steps)
         if steps is not None and len(own_pos):
-            _split_steps(parts, lc, g, steps, own_pos, own_gap, p, weights)
+            _split_steps(parts, lc, g, steps, parts_of_steps, own_pos, own_gap, p)
         known = ~np.isnan(p)
         cut = np.where(known, np.clip(p, t_prev, t), t_prev)
-        parts["stream_out_s"] = np.where(known, t - cut, 0.0)
+        out = np.where(known, t - cut, 0.0)
+        held_out = np.minimum(stalls.between(cut, t), out)
+        parts["stream_out_s"] = out - held_out
+        parts["probe_s"] = np.where(known, held_out, 0.0)
         if steps is not None:
             busy = steps.busy_between(t_prev, cut)
-            parts["host_gap_s"] = np.where(known, (cut - t_prev) - busy, 0.0)
+            host = np.where(known, np.maximum((cut - t_prev) - busy, 0.0), 0.0)
+            held = np.minimum(stalls.between(t_prev, cut), host)
+            parts["host_gap_s"] = host - held
+            parts["probe_s"] = parts["probe_s"] + held
     gap = t - t_prev
     explained = sum(parts[c] for c in _COLS if c != "remainder_s")
     parts["remainder_s"] = gap - explained
@@ -105,7 +123,10 @@ def attribute_itl(
     ids = pd.Index(lc.requests["request_id"].to_numpy(dtype=object))
     frame.insert(0, "request_id", pd.Categorical.from_codes(frame["code"], categories=ids))
     gap_s = frame["gap_s"].to_numpy()
-    tail = gap_s >= np.percentile(gap_s, 99) if n else np.zeros(0, dtype=bool)
+    # The tail is chosen on the engine's share of each gap: a gap stretched by a probe
+    # stall is the probe's (the gate reports it), not an engine spike.
+    net = gap_s - frame["probe_s"].to_numpy()
+    tail = net >= np.percentile(net, 99) if n else np.zeros(0, dtype=bool)
     return ItlAttribution(
         mean=_parts(frame, np.ones(n, dtype=bool)),
         tail=_parts(frame, tail),
@@ -156,7 +177,7 @@ def _sampling_points(lc, own_pos, own_gap, n, steps) -> np.ndarray:
     return np.where(np.isinf(p), np.nan, p)
 
 
-def _split_steps(parts, lc, g, steps: StepTimeline, own_pos, own_gap, p, weights) -> None:
+def _split_steps(parts, lc, g, steps: StepTimeline, sp: StepParts, own_pos, own_gap, p) -> None:
     e = lc.engine
     t_prev = g["t_prev"].to_numpy()
     cut = np.where(np.isnan(p), t_prev, np.maximum(p, t_prev))
@@ -165,15 +186,26 @@ def _split_steps(parts, lc, g, steps: StepTimeline, own_pos, own_gap, p, weights
     pos, gi = pos[ok], own_gap[ok]
     lo = np.maximum(steps.start[pos], t_prev[gi])
     hi = np.minimum(steps.end[pos], cut[gi])
-    overlap = np.maximum(hi - lo, 0.0)
-    share = steps.prefill_share(pos, weights)
+    dur = steps.end[pos] - steps.start[pos]
+    frac = np.divide(np.maximum(hi - lo, 0.0), dur, out=np.zeros(len(pos)), where=dur > 0)
+    of = sp.of(pos)
     n = len(g)
-    decode = np.bincount(gi, overlap * (1 - share), minlength=n)
-    interference = np.bincount(gi, overlap * share, minlength=n)
-    others = np.maximum(steps.busy_between(t_prev, cut) - decode - interference, 0.0)
+
+    def own(*names: str) -> np.ndarray:
+        return np.bincount(gi, frac * sum(of[k] for k in names), minlength=n)
+
+    inside = sp.between(t_prev, cut)
+    decode = own("fixed", "decode")
+    interference = own("prefill")
+    inflation = own("residual")
+    # Steps the request sat out inside the gap: others' work, and their residual.
+    others = np.maximum(inside["fixed"] + inside["prefill"] + inside["decode"] - decode
+                        - interference, 0.0)  # fmt: skip
+    inflation = np.maximum(inside["residual"], inflation)
     preempted = _preempted_in_gap(lc, g)
     parts["decode_s"] = np.where(preempted, 0.0, decode)
     parts["interference_s"] = np.where(preempted, 0.0, interference + others)
+    parts["inflation_s"] = inflation
     parts["preemption_s"] = np.where(preempted, decode + interference + others, 0.0)
 
 
@@ -201,7 +233,7 @@ def _preempted_in_gap(lc: Lifecycle, g: pd.DataFrame) -> np.ndarray:
 def _parts(frame: pd.DataFrame, mask: np.ndarray) -> ItlParts:
     sub = frame[mask]
     if len(sub) == 0:
-        return ItlParts(0, *([float("nan")] * 7))
+        return ItlParts(0, *([float("nan")] * (len(_COLS) + 1)))
     m = sub[["gap_s", *_COLS]].mean()
     return ItlParts(len(sub), *(float(m[c]) for c in ("gap_s", *_COLS)))
 

@@ -1,11 +1,12 @@
-"""What the scheduler put in each step, what a step costs, and what preemption cost.
+"""What the scheduler put in each step, what held waiting requests back, and what
+preemption cost (the step cost model itself is in step_cost.py).
 
-Step cost model: least squares of step wall time on its composition,
-    dur ≈ fixed + a·prefill_tokens + b·decode_seqs + c·context_tokens,
-fitted once, then refitted without the outliers of the first fit (robust: residuals
-beyond OUTLIER_SIGMAS × 1.4826 × MAD). The marginal costs price what the cache saved
-and what preemption recomputed; outlier steps (a GC pause, a contended CPU, a
-recompilation) are listed, since they make ITL spikes no batch explains.
+Binding limits: after each step's admission, requests still waiting were held back by
+one limit — the sequence cap (`max_num_seqs`), the token budget, free KV blocks, a
+preemption in the step (no admission then) or swapped requests that come back first —
+or by none, when they arrived while the step ran (arrivals faster than steps). The
+reference engine records which (`steps.blocked_by`); for other engines it is inferred
+from the step's counts and the recorded limits.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import pandas as pd
 
 from .lifecycle import Lifecycle
 from .steady_state import INTERNAL
-from .steptime import StepTimeline, WorkWeights
+from .step_cost import StepCostModel
+from .steptime import StepTimeline
 
 NS = 1e9
-OUTLIER_SIGMAS = 4.0
-MIN_STEPS = 8
-TRUSTED_R2 = 0.5  # a fit explaining less is not used to weigh work or price tokens
+LIMITS = ("max_num_seqs", "token_budget", "kv_blocks", "preemption", "swapped", "none")
+KV_FULL = 0.9
 
 
 @dataclass(frozen=True)
@@ -36,33 +37,6 @@ class Composition:
     mean_decode_seqs: float  # per step with decodes
     busy_s: float  # Σ step durations
     per_step: pd.DataFrame = field(metadata=INTERNAL)
-
-
-@dataclass(frozen=True)
-class StepCostModel:
-    fixed_s: float
-    per_prefill_token_s: float
-    per_decode_seq_s: float
-    per_context_token_s: float
-    r2: float
-    steps_fitted: int
-    residual_sigma_s: float
-    outliers: int
-    trusted: bool  # r2 ≥ TRUSTED_R2: the composition explains the step times
-    outlier_steps: pd.DataFrame = field(metadata=INTERNAL)  # step_id, dur_s, predicted_s
-
-    def weights(self) -> WorkWeights:
-        """Work weights for splitting shared steps (token counts unless the fit is
-        trusted and prices both prefill tokens and decoding sequences positively)."""
-        if not self.trusted or self.per_prefill_token_s <= 0 or self.per_decode_seq_s <= 0:
-            return WorkWeights()
-        return WorkWeights(self.per_prefill_token_s, self.per_decode_seq_s)
-
-    @property
-    def prefill_token_cost_s(self) -> float:
-        """Seconds one prefill token costs, NaN when the fit cannot say."""
-        ok = self.trusted and self.per_prefill_token_s > 0
-        return self.per_prefill_token_s if ok else float("nan")
 
 
 @dataclass(frozen=True)
@@ -103,56 +77,6 @@ def composition(timeline: StepTimeline) -> Composition:
         mean_decode_seqs=float(d[d > 0].mean()) if (d > 0).any() else 0.0,
         busy_s=float(dur.sum()),
         per_step=frame,
-    )
-
-
-def fit_step_cost(comp: Composition) -> StepCostModel | None:
-    """The cost model, or None with fewer than MIN_STEPS steps."""
-    f = comp.per_step
-    if len(f) < MIN_STEPS:
-        return None
-    x = np.column_stack(
-        (
-            np.ones(len(f)),
-            f["num_prefill_tokens"].to_numpy(np.float64),
-            f["num_decode_seqs"].to_numpy(np.float64),
-            f["num_context_tokens"].to_numpy(np.float64),
-        )
-    )
-    y = f["dur_s"].to_numpy()
-    coef = _lstsq(x, y)
-    resid = y - x @ coef
-    sigma = 1.4826 * np.median(np.abs(resid - np.median(resid)))
-    outlier = np.abs(resid) > OUTLIER_SIGMAS * max(sigma, 1e-12)
-    if (~outlier).sum() >= MIN_STEPS and outlier.any():
-        coef = _lstsq(x[~outlier], y[~outlier])
-        resid = y - x @ coef
-    fitted = ~outlier
-    ss_res = float((resid[fitted] ** 2).sum())
-    ss_tot = float(((y[fitted] - y[fitted].mean()) ** 2).sum())
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan")
-    predicted = x @ coef
-    outliers = pd.DataFrame(
-        {
-            "step_id": f["step_id"].to_numpy()[outlier],
-            "dur_s": y[outlier],
-            "predicted_s": predicted[outlier],
-            "num_prefill_tokens": f["num_prefill_tokens"].to_numpy()[outlier],
-            "num_decode_seqs": f["num_decode_seqs"].to_numpy()[outlier],
-        }
-    ).sort_values("dur_s", ascending=False, ignore_index=True)
-    trusted = bool(r2 >= TRUSTED_R2)
-    return StepCostModel(
-        fixed_s=float(coef[0]),
-        per_prefill_token_s=float(coef[1]),
-        per_decode_seq_s=float(coef[2]),
-        per_context_token_s=float(coef[3]),
-        r2=float(r2),
-        steps_fitted=int(fitted.sum()),
-        residual_sigma_s=float(sigma),
-        outliers=int(outlier.sum()),
-        trusted=trusted,
-        outlier_steps=outliers,
     )
 
 
@@ -204,9 +128,60 @@ def preemptions(
     )
 
 
-def _lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    # Scale columns so that token counts (thousands) and the constant (1) condition alike.
-    scale = np.abs(x).max(axis=0)
-    scale[scale == 0] = 1.0
-    coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
-    return coef / scale
+@dataclass(frozen=True)
+class BindingLimits:
+    steps_with_queue: int  # steps after whose admission requests still waited
+    shares: dict[str, float]  # LIMITS → share of those steps
+    source: str  # engine (recorded per step) | inferred (from counts and limits)
+    max_num_seqs: int | None
+    token_budget: int | None
+    kv_peak_share: float  # peak share of the KV pool in use over the run
+    kv_share_when_queued: float  # mean share in use in steps with a queue
+    per_step: pd.DataFrame = field(metadata=INTERNAL)  # step_id, limit (steps with a queue)
+
+    @property
+    def binding(self) -> str | None:
+        """The limit that held most often (None: no step had a queue)."""
+        if not self.steps_with_queue:
+            return None
+        return max(LIMITS, key=lambda k: self.shares.get(k, 0.0))
+
+
+def binding_limits(steps: pd.DataFrame, engine_limits: dict) -> BindingLimits | None:
+    """Which limit held waiting requests back in each step; None without queue depths."""
+    if not len(steps) or steps["num_waiting"].isna().all():
+        return None
+    s = steps.drop_duplicates("step_id").sort_values("start_ns", kind="stable")
+    waiting = s["num_waiting"].to_numpy("float64", na_value=0.0)
+    used = s["kv_blocks_used"].to_numpy("float64", na_value=np.nan)
+    pool = used + s["kv_blocks_free"].to_numpy("float64", na_value=np.nan)
+    kv = np.divide(used, pool, out=np.full(len(s), np.nan), where=pool > 0)
+    cap, budget = engine_limits.get("max_num_seqs"), engine_limits.get("max_num_batched_tokens")
+    recorded = "blocked_by" in s and s["blocked_by"].notna().any()
+    if recorded:
+        limit = s["blocked_by"].astype(object).where(s["blocked_by"].notna(), "none").to_numpy()
+    else:
+        running = s["num_running"].to_numpy("float64", na_value=np.nan)
+        tokens = (s["num_prefill_tokens"] + s["num_decode_seqs"]).to_numpy("float64")
+        limit = np.full(len(s), "none", dtype=object)
+        limit[np.nan_to_num(kv) >= KV_FULL] = "kv_blocks"
+        if budget:
+            limit[tokens >= budget] = "token_budget"
+        if cap:
+            limit[np.nan_to_num(running) >= cap] = "max_num_seqs"
+    queued = waiting > 0
+    frame = pd.DataFrame({"step_id": s["step_id"].to_numpy()[queued], "limit": limit[queued]})
+    counts = frame["limit"].value_counts()
+    n = int(queued.sum())
+    return BindingLimits(
+        steps_with_queue=n,
+        shares={k: float(counts.get(k, 0) / n) if n else 0.0 for k in LIMITS},
+        source="engine" if recorded else "inferred",
+        max_num_seqs=int(cap) if cap else None,
+        token_budget=int(budget) if budget else None,
+        kv_peak_share=float(np.nanmax(kv)) if np.isfinite(kv).any() else float("nan"),
+        kv_share_when_queued=float(np.nanmean(kv[queued]))
+        if queued.any() and np.isfinite(kv[queued]).any()
+        else float("nan"),
+        per_step=frame,
+    )

@@ -23,22 +23,18 @@ from ..traces.layout import RESULTS_DIR
 from ..traces.reader import Run
 from .cache import CacheAnalysis, cache_hits
 from .fairness import Fairness, fairness
+from .host import HostConditions, Inflation, ProbeStalls, explain_inflation, host_conditions
+from .host import probe_stalls as find_probe_stalls
 from .itl import ItlAttribution, attribute_itl
 from .lifecycle import Lifecycle, Missing, build_lifecycle
 from .load import LoadChecks, load_checks
 from .metrics import ServingMetrics, delivery_gaps, serving_metrics
-from .scheduler import (
-    MIN_STEPS,
-    Composition,
-    Preemptions,
-    StepCostModel,
-    composition,
-    fit_step_cost,
-)
+from .scheduler import BindingLimits, Composition, Preemptions, binding_limits, composition
 from .scheduler import preemptions as find_preemptions
 from .slo import Slo
 from .steady_state import INTERNAL, Window, find_window
-from .steptime import StepTimeline, WorkWeights
+from .step_cost import MIN_STEPS, StepCostModel, fit_step_cost
+from .steptime import StepParts, StepTimeline
 from .ttft import TtftDecomposition, decompose_ttft
 
 METRICS_FILE = "metrics.json"
@@ -62,6 +58,10 @@ class ServingAnalysis:
     load: LoadChecks | Missing
     composition: Composition | Missing
     step_cost: StepCostModel | Missing
+    host: HostConditions | Missing
+    probe_stalls: ProbeStalls | Missing
+    inflation: Inflation | Missing
+    limits: BindingLimits | Missing
     preemptions: Preemptions | Missing
     cache: CacheAnalysis | Missing
     fairness: Fairness | Missing
@@ -82,9 +82,26 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
     steps = timed("step timeline", StepTimeline.from_run, run, origin)
     no_steps = Missing("scheduler", ("steps",))
     comp = timed("batch composition", composition, steps) if steps is not None else no_steps
-    cost = fit_step_cost(comp) if isinstance(comp, Composition) else None
+    cost = timed("step cost", fit_step_cost, steps)
     step_cost = cost if cost is not None else Missing("step cost", (f"{MIN_STEPS}+ steps",))
-    weights = cost.weights() if cost is not None else WorkWeights()
+    parts = StepParts.from_model(steps, cost) if steps is not None else None
+    host = timed("host", host_conditions, run, steps) if steps is not None else None
+    no_cpu = Missing("host", ("steps.cpu_time_ns",))
+    stalls = timed("probe stalls", find_probe_stalls, run, origin)
+    inflation = (
+        timed("inflation", explain_inflation, run, steps, cost.per_step, host, stalls)
+        if cost is not None
+        else Missing("inflation", (f"{MIN_STEPS}+ steps",))
+    )
+    limits = binding_limits(run.steps, _engine_limits(run))
+    common = dict(
+        composition=comp,
+        step_cost=step_cost,
+        host=host if host is not None else no_cpu,
+        probe_stalls=stalls,
+        inflation=inflation,
+        limits=limits if limits is not None else Missing("limits", ("steps.num_waiting",)),
+    )
     if isinstance(lc, Missing):
         names = ("window", "metrics", "ttft", "itl", "load", "preemptions", "cache", "fairness")
         return ServingAnalysis(
@@ -92,8 +109,7 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
             str(run.path),
             None,
             **{name: Missing(name, lc.needs) for name in names},
-            composition=comp,
-            step_cost=step_cost,
+            **common,
             timings=tuple(timings),
         )
 
@@ -104,9 +120,9 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
     metrics = timed("metrics", serving_metrics, lc, window, slo)
     no_engine = ("request_events.engine",)
     if lc.has_engine:
-        ttft = timed("ttft", decompose_ttft, lc, steps, select, weights)
+        ttft = timed("ttft", decompose_ttft, lc, steps, select, parts, stalls.stalls)
         gaps = metrics.gaps if isinstance(metrics, ServingMetrics) else delivery_gaps(lc)
-        itl = timed("itl", attribute_itl, lc, gaps, steps, select, weights)
+        itl = timed("itl", attribute_itl, lc, gaps, steps, select, parts, stalls.stalls)
         pre = timed("preemptions", find_preemptions, lc, steps, cost)
         busy = comp.busy_s if isinstance(comp, Composition) else 0.0
         cache = timed("cache", cache_hits, lc, cost, busy)
@@ -129,13 +145,25 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
         ttft=ttft,
         itl=itl,
         load=load,
-        composition=comp,
-        step_cost=step_cost,
+        **common,
         preemptions=pre,
         cache=cache,
         fairness=fair,
         timings=tuple(timings),
     )
+
+
+def _engine_limits(run: Run) -> dict:
+    """The scheduler limits the run recorded (perfdiag run's options, or the engine's
+    own configuration)."""
+    config = run.manifest.config or {}
+    engine = (config.get("run_options") or {}).get("engine") or {}
+    sched = (config.get("engine_config") or {}).get("scheduler") or {}
+    return {
+        "max_num_seqs": engine.get("max_seqs", sched.get("max_num_seqs")),
+        "max_num_batched_tokens": engine.get("max_batched_tokens",
+                                             sched.get("max_num_batched_tokens")),
+    }  # fmt: skip
 
 
 def to_jsonable(obj):

@@ -5,9 +5,10 @@ the difference of one cumulative function: `busy(b) - busy(a)`, a binary search 
 query. Everything on the path that no step covers is host/scheduler time between steps.
 
 Where a step's work is shared (prefill chunks and decodes in one batch), its duration is
-split in proportion to each part's work: a prefill token weighs `prefill_weight`, a
-decoding sequence `decode_weight` (token counts by default; the fitted step-cost model's
-marginal costs when it is trustworthy, see scheduler.py).
+split by the run's step cost model (step_cost.py) into the fixed cost of a step, its
+prefill tokens at their marginal cost, its decodes, and — for inflated steps only — the
+residual no batch explains (`StepParts`). Without a model (too few steps) a step splits
+in proportion to token counts and has no fixed cost or residual.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..traces.reader import Run
+from .intervals import union
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class StepTimeline:
     waiting: np.ndarray
     cum: np.ndarray  # busy time of all steps before each step
     rank: int | None  # the rank kept when several recorded steps
+    origin_ns: int = 0  # the clock value that times here are relative to
 
     @classmethod
     def from_run(cls, run: Run, origin_ns: int) -> StepTimeline | None:
@@ -74,6 +77,7 @@ class StepTimeline:
             waiting=_counts(steps, ("num_waiting",)),
             cum=cum,
             rank=rank,
+            origin_ns=origin_ns,
         )
 
     def __len__(self) -> int:
@@ -117,6 +121,98 @@ class StepTimeline:
         own = tokens * weights.prefill_weight
         share = np.divide(own, total, out=np.ones(len(pos)), where=total > 0)
         return np.where(pos >= 0, np.clip(share, 0.0, 1.0), np.nan)
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """Each step's time (ns) split into fixed cost, prefill work, decode work and
+    residual (parts add up to the step's duration), with cumulative sums so that the
+    parts inside any window [a, b] cost two binary searches."""
+
+    timeline: StepTimeline
+    fixed: np.ndarray
+    prefill: np.ndarray
+    decode: np.ndarray
+    residual: np.ndarray
+
+    NAMES = ("fixed", "prefill", "decode", "residual")
+
+    @classmethod
+    def from_model(cls, timeline: StepTimeline, model) -> StepParts:
+        """From a fitted StepCostModel (its per_step table, in timeline order), or by
+        token counts when `model` is None."""
+        if model is None:
+            return cls.by_weights(timeline, WorkWeights())
+        dur = timeline.end - timeline.start
+        ps = model.per_step
+        parts = [ps[f"{n}_s"].to_numpy(np.float64) * 1e9 for n in ("fixed", "prefill", "decode",
+                                                                   "residual")]  # fmt: skip
+        total = sum(parts)
+        # The model's parts add up to the measured step; the timeline may have trimmed an
+        # overlap (end clipped to the next start): scale to the timeline's duration.
+        k = np.divide(dur, total, out=np.zeros(len(dur)), where=total > 0)
+        return cls(timeline, *(p * k for p in parts))
+
+    @classmethod
+    def by_weights(cls, timeline: StepTimeline, weights: WorkWeights) -> StepParts:
+        """Each step split between prefill and decode in proportion to its work, with no
+        fixed cost and no residual."""
+        dur = timeline.end - timeline.start
+        share = timeline.prefill_share(np.arange(len(timeline)), weights)
+        zero = np.zeros(len(dur))
+        return cls(timeline, zero, dur * share, dur * (1 - share), zero.copy())
+
+    def __post_init__(self) -> None:
+        for name in self.NAMES:
+            cum = np.concatenate(([0.0], np.cumsum(getattr(self, name))))
+            object.__setattr__(self, f"_cum_{name}", cum)
+
+    def between(self, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+        """Each part's time inside [a, b] (steps cut by a window count pro rata)."""
+        return {n: np.maximum(self._at(n, b) - self._at(n, a), 0.0) for n in self.NAMES}
+
+    def _at(self, name: str, t: np.ndarray) -> np.ndarray:
+        tl = self.timeline
+        t = np.asarray(t, dtype=np.float64)
+        i = np.searchsorted(tl.start, np.nan_to_num(t, nan=-np.inf), side="right") - 1
+        safe = np.clip(i, 0, len(tl.start) - 1)
+        dur = tl.end[safe] - tl.start[safe]
+        frac = np.divide(np.clip(t - tl.start[safe], 0.0, dur), dur, out=np.zeros(len(safe)),
+                         where=dur > 0)  # fmt: skip
+        part = getattr(self, name)
+        cum = getattr(self, f"_cum_{name}")
+        out = np.where(i >= 0, cum[safe] + frac * part[safe], 0.0)
+        return np.where(np.isnan(t), np.nan, out)
+
+    def of(self, pos: np.ndarray) -> dict[str, np.ndarray]:
+        """The parts of the steps at `pos` (positions in the timeline, all valid)."""
+        return {n: getattr(self, n)[pos] for n in self.NAMES}
+
+
+class Stalls:
+    """Intervals in which a probe held the engine (profiler start/stop, …), in ns relative
+    to the lifecycle's origin: how much of any window [a, b] they cover (intervals.py
+    does the union and the coverage; NaN windows cover nothing)."""
+
+    def __init__(self, start: np.ndarray, end: np.ndarray):
+        u = union(np.rint(start), np.rint(end))
+        self._cover = u.coverage()
+        self.total = float(u.total_ns)
+
+    def between(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        ok = np.isfinite(a) & np.isfinite(b)
+        out = np.zeros(np.broadcast(a, b).shape)
+        if ok.any() and self.total > 0:
+            lo, hi = (
+                np.rint(np.broadcast_to(a, out.shape)[ok]),
+                np.rint(np.broadcast_to(b, out.shape)[ok]),
+            )
+            out[ok] = np.maximum(self._cover.between(lo, hi), 0)
+        return out
+
+
+NO_STALLS = Stalls(np.zeros(0), np.zeros(0))
 
 
 def _sample_starts(run: Run, ids: np.ndarray, origin_ns: int, rank: int | None):

@@ -7,12 +7,16 @@ waiting queue) → sampling of its first token in step K (prefill) → the clien
 it (sampling and return). The milestones cut [sent, first token]
 into consecutive pieces, so the parts never overlap and add up to the TTFT.
 
-The prefill piece is split along the step timeline: time in steps where the request's
-chunks ran, by its share of the step's work (own compute; the rest of those steps is
-others' work), steps it sat out (others' work), gaps between steps (host/scheduler),
-a swap-in from the CPU tier (unhidden cache load), and waits after a preemption (queue
-again). Whatever no milestone explains (events or steps the run lacks) is the explicit
-remainder: parts + remainder = TTFT, always.
+The prefill piece is split along the step timeline by the run's step cost model
+(step_cost.py): in the steps where the request's chunks ran, its own tokens at their
+marginal cost (`prefill_own`), the fixed cost every step pays (`step_overhead`: many small
+chunks pay it many times) and the rest of the batch (`prefill_others`); steps it sat out
+are others' work; the residual of inflated steps is `inflation` (never charged to
+prefill); gaps between steps are host/scheduler time; a swap-in from the CPU tier is the
+unhidden cache load; waits after a preemption count as queue again. Time in which a
+probe held the engine (a profiler starting or stopping) is `probe`, carved out of
+whichever part it fell in. Whatever no milestone explains (events or steps the run
+lacks) is the explicit remainder: parts + remainder = TTFT, always.
 
 The client's wait for a slot under a concurrency cap happens before the request is sent,
 outside TTFT as every tool defines it: it is reported beside the parts, not in them.
@@ -27,11 +31,12 @@ import pandas as pd
 
 from .lifecycle import Lifecycle
 from .steady_state import INTERNAL
-from .steptime import StepTimeline, WorkWeights
+from .steptime import NO_STALLS, Stalls, StepParts, StepTimeline
 
 NS = 1e9
-PARTS = ("input_s", "queue_s", "cache_load_s", "prefill_own_s", "prefill_others_s",
-         "host_gap_s", "sample_return_s", "remainder_s")  # fmt: skip
+PARTS = ("input_s", "queue_s", "cache_load_s", "prefill_own_s", "step_overhead_s",
+         "prefill_others_s", "inflation_s", "probe_s", "host_gap_s", "sample_return_s",
+         "remainder_s")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,10 @@ class TtftParts:
     queue_s: float
     cache_load_s: float
     prefill_own_s: float
+    step_overhead_s: float
     prefill_others_s: float
+    inflation_s: float
+    probe_s: float
     host_gap_s: float
     sample_return_s: float
     remainder_s: float
@@ -55,7 +63,7 @@ class TtftParts:
 class TtftDecomposition:
     mean: TtftParts  # every decomposed request
     p50: TtftParts  # requests whose TTFT lies between its p45 and p55
-    p99: TtftParts  # requests at or above the p99 TTFT: what makes the tail
+    p99: TtftParts  # requests at or above the p99 TTFT less probe stalls: the engine's tail
     remainder_share: float  # Σ|remainder| / Σ TTFT
     max_sum_error: float  # max |parts + remainder − TTFT| / TTFT over requests
     engine_events: bool  # False: no engine lifecycle, everything is remainder
@@ -67,10 +75,14 @@ def decompose_ttft(
     lc: Lifecycle,
     steps: StepTimeline | None,
     select: np.ndarray,
-    weights: WorkWeights | None = None,
+    parts_of_steps: StepParts | None = None,
+    stalls: Stalls = NO_STALLS,
 ) -> TtftDecomposition:
-    """Decompose the TTFT of the selected requests (boolean mask over lc.requests)."""
-    weights = weights or WorkWeights()
+    """Decompose the TTFT of the selected requests (boolean mask over lc.requests).
+    `parts_of_steps`: the steps split by the cost model (token counts when None);
+    `stalls`: intervals in which a probe held the engine."""
+    if steps is not None and parts_of_steps is None:
+        parts_of_steps = StepParts.from_model(steps, None)
     r = lc.requests
     t0, t1 = r["t_sent"].to_numpy(), r["t_first"].to_numpy()
     sel = select & ~np.isnan(t0) & ~np.isnan(t1) & (t1 >= t0)
@@ -97,7 +109,12 @@ def decompose_ttft(
     parts["queue_s"] = np.where(known, s0 - q, 0.0)
     parts["sample_return_s"] = np.where(known, t1 - p, 0.0)
     if steps is not None:
-        _split_prefill(parts, lc, steps, idx, s0, p, weights)
+        _split_prefill(parts, lc, steps, parts_of_steps, idx, s0, p, stalls)
+    windows = {"input_s": (t0, q), "queue_s": (q, s0), "sample_return_s": (p, t1)}
+    for name, (a, b) in windows.items():
+        held = np.where(known, np.minimum(stalls.between(a, b), parts[name]), 0.0)
+        parts[name] = parts[name] - held
+        parts["probe_s"] = parts["probe_s"] + held
     explained = sum(parts[k] for k in PARTS if k != "remainder_s")
     parts["remainder_s"] = (t1 - t0) - explained
     frame = pd.DataFrame({"request_id": rr["request_id"].to_numpy(), "ttft_s": (t1 - t0) / NS})
@@ -110,7 +127,7 @@ def decompose_ttft(
     return TtftDecomposition(
         mean=_parts(frame, np.ones(n, dtype=bool)),
         p50=_parts(frame, _band(ttft, 45, 55)),
-        p99=_parts(frame, _band(ttft, 99, 100)),
+        p99=_parts(frame, _band(ttft - frame["probe_s"].to_numpy(), 99, 100)),  # as in itl.py
         remainder_share=float(np.abs(frame["remainder_s"]).sum() / ttft.sum()) if n else np.nan,
         max_sum_error=float(err.max()) if n else np.nan,
         engine_events=bool(known.any()),
@@ -119,14 +136,16 @@ def decompose_ttft(
     )
 
 
-def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, idx, s0, p, weights) -> None:
-    """Attribute [s0, p] of each request to own compute, others' work, host gaps, cache
-    load and re-queueing after preemption (in place)."""
+def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, sp: StepParts, idx, s0, p,
+                   stalls: Stalls) -> None:  # fmt: skip
+    """Attribute [s0, p] of each request to own compute, step overhead, others' work,
+    inflation, host gaps, probe stalls, cache load and re-queueing after preemption (in
+    place)."""
     n = len(idx)
     local = np.full(len(lc.requests), -1, dtype=np.int64)
     local[idx] = np.arange(n)
-    step_time = steps.busy_between(s0, p)
-    host = np.maximum((p - s0) - step_time, 0.0)
+    inside = sp.between(s0, p)
+    step_time = sum(inside.values())
     first_step = lc.requests["step_engine_first"].to_numpy()
 
     e = lc.engine
@@ -164,15 +183,32 @@ def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, idx, s0, p, weight
         at = np.minimum(np.searchsorted(swap_key, key), len(swap_key) - 1)
         lo = np.where(swap_key[at] == key, np.maximum(lo, swap_end[at]), lo)
     hi = np.minimum(steps.end[pos], p[c_li])
-    overlap = np.maximum(hi - lo, 0.0)
-    own = np.bincount(c_li, overlap * steps.work_share(pos, tokens, weights), minlength=n)
+    dur = steps.end[pos] - steps.start[pos]
+    frac = np.divide(np.maximum(hi - lo, 0.0), dur, out=np.zeros(len(pos)), where=dur > 0)
+    of = sp.of(pos)
+    in_step = steps.prefill_tokens[pos]
+    mine_share = np.divide(tokens, in_step, out=np.ones(len(pos)), where=in_step > 0)
+    own = np.bincount(c_li, frac * of["prefill"] * np.clip(mine_share, 0, 1), minlength=n)
+    overhead = np.bincount(c_li, frac * of["fixed"], minlength=n)
 
+    others = np.maximum(inside["fixed"] + inside["prefill"] + inside["decode"] - own - overhead, 0)
+    inflation = inside["residual"]
     requeue_steps, requeue_host = _requeue(lc, steps, local, mine & kind("preempted"), n)
+    # The swap-in copy and the steps run while preempted came out of the steps' time:
+    # take them from others' work and inflation in proportion.
+    pool = others + inflation
+    taken = np.minimum(cache + requeue_steps, pool)
+    keep = np.divide(pool - taken, pool, out=np.zeros(n), where=pool > 0)
+    host = np.maximum((p - s0) - step_time, 0.0)
+    held = np.minimum(stalls.between(s0, p), host)
     parts["queue_s"] = parts["queue_s"] + requeue_steps + requeue_host
     parts["cache_load_s"] = cache
     parts["prefill_own_s"] = own
-    parts["prefill_others_s"] = np.maximum(step_time - own - cache - requeue_steps, 0.0)
-    parts["host_gap_s"] = np.maximum(host - requeue_host, 0.0)
+    parts["step_overhead_s"] = overhead
+    parts["prefill_others_s"] = others * keep
+    parts["inflation_s"] = inflation * keep
+    parts["probe_s"] = held
+    parts["host_gap_s"] = np.maximum(host - held - requeue_host, 0.0)
 
 
 def _requeue(lc: Lifecycle, steps: StepTimeline, local, preempted, n):

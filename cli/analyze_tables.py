@@ -49,6 +49,8 @@ def print_tables(a) -> None:
         (a.itl, _itl),
         (a.load, _load),
         (a.composition, lambda c: _scheduler(c, a.step_cost, a.preemptions)),
+        (a.host, lambda h: _host(h, a.inflation, a.probe_stalls)),
+        (a.limits, _limits),
         (a.cache, lambda c: _cache(c, a.fairness)),
     ):
         if not isinstance(section, Missing):
@@ -71,6 +73,8 @@ def _sections(a):
         a.load,
         a.composition,
         a.step_cost,
+        a.host,
+        a.limits,
         a.preemptions,
         a.cache,
         a.fairness,
@@ -134,7 +138,10 @@ _TTFT_ROWS = (
     ("engine queue", "queue_s"),
     ("unhidden cache load", "cache_load_s"),
     ("prefill: own compute", "prefill_own_s"),
+    ("prefill: fixed cost of its steps", "step_overhead_s"),
     ("prefill: others' work", "prefill_others_s"),
+    ("step inflation (beyond the model)", "inflation_s"),
+    ("probe stalls", "probe_s"),
     ("host/scheduler gaps", "host_gap_s"),
     ("sampling and return", "sample_return_s"),
     ("unexplained remainder", "remainder_s"),
@@ -182,6 +189,36 @@ def _itl(a) -> None:
             _pct(tl / a.tail.gap_s if a.tail.gap_s else None),
             str(getattr(a.dominant, c)),
         )
+    out.print(t)
+
+
+def _host(h, inflation, probes) -> None:
+    from ..analyzers.lifecycle import Missing
+
+    t = Table("host", "value", title="the host during the run")
+    t.add_row("cores / used by others / machine busy",
+              f"{h.cores} / {_num(h.others_cores)} / {_pct(h.machine_busy_share)}")  # fmt: skip
+    t.add_row("CPU per second of step (median / when not starved)",
+              f"{_num(h.step_cpu_ratio)} / {_num(h.reference_ratio)}")  # fmt: skip
+    t.add_row("involuntary switches per second of step (median)", _num(h.switches_per_s, 0))
+    t.add_row("starved steps / their time / time lost",
+              f"{h.starved_steps} / {_pct(h.starved_share)} / {_ms(h.lost_s)} ms")  # fmt: skip
+    if not isinstance(inflation, Missing):
+        reasons = ", ".join(f"{k} {_ms(v)}" for k, v in inflation.by_reason_s.items() if v > 0)
+        t.add_row("inflation by what the run recorded (ms)", reasons or "none")
+    if not isinstance(probes, Missing) and probes.count:
+        t.add_row("probe stalls", ", ".join(probes.names))
+    out.print(t)
+
+
+def _limits(lim) -> None:
+    if not lim.steps_with_queue:
+        return
+    t = Table("limit", "share of steps with a queue",
+              title=f"what held waiting requests back ({lim.steps_with_queue} steps, "
+              f"{lim.source}; KV peak {_pct(lim.kv_peak_share)})")  # fmt: skip
+    for k, v in lim.shares.items():
+        t.add_row(k.replace("_", " "), _pct(v))
     out.print(t)
 
 
@@ -248,12 +285,17 @@ def _scheduler(c, cost, pre) -> None:
             f" / {_num(cost.per_context_token_s * 1e6, 4)}",
         )
         t.add_row(
-            "  R² / trusted / outlier steps",
-            f"{_num(cost.r2, 3)} / {cost.trusted} / {cost.outliers}",
+            "  R² / median error / noise σ (ms) / trusted",
+            f"{_num(cost.r2, 3)} / {_pct(cost.median_rel_error)} / "
+            f"{_ms(cost.residual_sigma_s)} / {cost.trusted}",
+        )
+        t.add_row(
+            "  inflated steps / time beyond the model",
+            f"{cost.outliers} / {_ms(cost.inflated_s)} ms ({_pct(cost.inflated_share)})",
         )
         for row in cost.outlier_steps.head(3).itertuples():
             t.add_row(
-                f"  outlier step {row.step_id}",
+                f"  inflated step {row.step_id}",
                 f"{_ms(row.dur_s)} ms, model says {_ms(row.predicted_s)} ms",
             )
     if not isinstance(pre, Missing):

@@ -46,13 +46,13 @@ def compare(
         print(json.dumps(to_jsonable(c), indent=2))
         return
     out.print(f"[bold]A[/] {c.run_a} ({run_a})\n[bold]B[/] {c.run_b} ({run_b})", highlight=False)
-    _variables(c.diff)
+    _variables(c.diff, c.deltas)
     _deltas(c.deltas)
     _correctness(c.correctness)
     _finding_changes(c)
 
 
-def _variables(diff) -> None:
+def _variables(diff, deltas) -> None:
     main = diff.variables
     t = Table("variable", "A", "B", "kind", title="what changed (step 6)", title_justify="left")
     for ch in diff.changes:
@@ -75,7 +75,16 @@ def _variables(diff) -> None:
             highlight=False,
         )
     else:
-        out.print("no main variable changed: the runs are repeats (differences are noise)")
+        moved = [d.label for d in deltas if d.verdict in ("worse", "better")]
+        if moved:
+            out.print(
+                f"[bold yellow]no recorded variable changed, yet {len(moved)} metrics moved "
+                f"beyond noise[/] ({escape(', '.join(moved))}): something the runs do not "
+                "record differs (other load on the host, clocks, thermal state) — not repeats",
+                highlight=False,
+            )
+        else:
+            out.print("no main variable changed and no metric moved beyond noise: repeats")
     for note in diff.notes:
         out.print(f"[dim]note: {escape(note)}[/]")
 

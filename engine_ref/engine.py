@@ -328,6 +328,7 @@ class LLMEngine:
                         sched.num_cached_tokens,
                         *counts,
                         len(sched.preempted),
+                        sched.blocked_by,
                     )
                 )
             return outputs

@@ -87,6 +87,7 @@ class StepEvent(NamedTuple):
     num_running: int
     num_swapped: int
     num_preemptions: int
+    blocked_by: str = ""  # what held back the requests still waiting (scheduler.BLOCKED_BY)
 
 
 class EngineObserver:

@@ -32,6 +32,14 @@ class SchedulerOutput:
     swapped_in: list[Request] = field(default_factory=list)
     preempted: list[tuple[Request, str, int]] = field(default_factory=list)  # (req, mode, lost)
     num_cached_tokens: int = 0
+    # Why a request still waits after this step's admission (BLOCKED_BY), "" when none does.
+    blocked_by: str = ""
+
+
+# What stopped admission while requests were waiting: the sequence cap, the token budget,
+# free KV blocks, a preemption in this step (no admission then), or swapped requests
+# that must come back first.
+BLOCKED_BY = ("max_num_seqs", "token_budget", "kv_blocks", "preemption", "swapped")
 
 
 class Scheduler:
@@ -83,9 +91,12 @@ class Scheduler:
                 continue
             break  # req preempted itself: it was the last one
         if out.preempted:
+            out.blocked_by = "preemption" if self.waiting or self.swapped else ""
             return out
         budget = self._swap_in(out, budget)
-        if not self.swapped:
+        if self.swapped:
+            out.blocked_by = "swapped"
+        else:
             self._admit(out, budget, now_ns)
         return out
 
@@ -135,7 +146,11 @@ class Scheduler:
             return
         reserve = self._reserve()
         for req in self._waiting_order(now_ns):
-            if len(self.running) >= self.cfg.max_num_seqs or budget <= 0:
+            if len(self.running) >= self.cfg.max_num_seqs:
+                out.blocked_by = "max_num_seqs"
+                break
+            if budget <= 0:
+                out.blocked_by = "token_budget"
                 break
             hits = self.bm.find_cached_prefix(req)
             num_hit = len(hits) * self.bm.block_size
@@ -143,10 +158,12 @@ class Scheduler:
             if self.cfg.enable_chunked_prefill:
                 n = min(n, self.cfg.chunk_size, budget)
             elif n > budget:
+                out.blocked_by = "token_budget"
                 break
             # The newcomer's own decode growth counts too, unless nothing else runs.
             own = self._growth(req, self.bm.blocks_for(num_hit + n)) if self.running else 0
             if not self.bm.can_allocate(hits, n, reserve + own):
+                out.blocked_by = "kv_blocks"
                 break
             resumed = req.status == RequestStatus.PREEMPTED
             self.bm.allocate(req, hits, n)

@@ -33,7 +33,7 @@ def compare(
     return Comparison(
         run_a=a.run.manifest.run_id,
         run_b=b.run.manifest.run_id,
-        diff=config_diff(a.run.manifest, b.run.manifest),
+        diff=config_diff(a.run.manifest, b.run.manifest, a.get("host"), b.get("host")),
         deltas=deltas,
         correctness=correctness(a.run, b.run),
         findings=finding_changes(triage_a, triage_b),

@@ -46,6 +46,8 @@ def run_triage(
                 outcomes.append(CheckOutcome(check.id, "not-evaluated", reason=result.reason))
                 continue
             severity = check.condition.severity(result.value)
+            if severity is not None and result.max_severity is not None:
+                severity = min(severity, result.max_severity, key=severity_rank)
             status = "passed" if severity is None else "fired"
             outcomes.append(CheckOutcome(check.id, status, _plain(result.value), "", severity))
             if severity is not None:
@@ -79,7 +81,10 @@ def _finding(check: Check, step: int, step_title: str, severity: str, fact: Fact
         severity=severity,
         title=template.render(check.title, values),
         explanation=template.render(check.explanation, values).strip(),
-        recommendations=tuple(template.render(t, values) for t in check.next),
+        # A recommendation that renders empty (advice the run gives no ground for) is left out.
+        recommendations=tuple(
+            r for r in (template.render(t, values).strip() for t in check.next) if r
+        ),
         evidence=evidence,
         ids=tuple(i for i in fact.ids if i.ids),
         figures=check.figures,

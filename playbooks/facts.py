@@ -35,6 +35,9 @@ class Fact:
     evidence: tuple[Evidence, ...] = ()
     ids: tuple[IdList, ...] = ()
     impact: float = 0.0  # 0..1, the share of the problem it explains (ranks findings)
+    # The loudest finding the fact's impact on user-facing metrics allows (analyzers/
+    # impact.py); None: the check's thresholds alone decide.
+    max_severity: str | None = None
 
     def values(self) -> dict[str, Any]:
         return {e.name: e.value for e in self.evidence} | {"value": self.value}
@@ -76,7 +79,14 @@ def fact(name: str, provides: tuple[str, ...] = (), **params: Param):
 
 
 def load_registry() -> dict[str, FactSpec]:
-    from . import facts_compare, facts_gate, facts_latency, facts_load, facts_resources  # noqa: F401
+    from . import (  # noqa: F401
+        facts_compare,
+        facts_gate,
+        facts_host,
+        facts_latency,
+        facts_load,
+        facts_resources,
+    )
 
     return FACTS
 
@@ -106,6 +116,12 @@ class TriageContext:
     @property
     def config(self) -> dict:
         return self.run.manifest.config or {}
+
+    @property
+    def slo(self):
+        """The SLO the analysis judged against (analyze --slo), or None."""
+        m = self.get("metrics")
+        return m.goodput.slo if m is not None and m.goodput is not None else None
 
     @property
     def run_options(self) -> dict:

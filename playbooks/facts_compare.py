@@ -17,7 +17,8 @@ def changed_variables(ctx: TriageContext) -> Fact | Unavailable:
     baseline: with more than one, no difference can be pinned on any of them."""
     if ctx.baseline is None:
         return Unavailable(NO_BASELINE)
-    diff = config_diff(ctx.baseline.run.manifest, ctx.run.manifest)
+    diff = config_diff(ctx.baseline.run.manifest, ctx.run.manifest, ctx.baseline.get("host"),
+                       ctx.get("host"))  # fmt: skip
 
     def names(kind: str) -> str:
         return ", ".join(c.name for c in diff.changes if c.kind == kind) or "none"

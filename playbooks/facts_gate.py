@@ -300,7 +300,7 @@ def repeat_differences(ctx: TriageContext) -> Fact | Unavailable:
 
     names: list[str] = []
     for other in ctx.repeats:
-        diff = config_diff(ctx.run.manifest, other.run.manifest)
+        diff = config_diff(ctx.run.manifest, other.run.manifest, ctx.get("host"), other.get("host"))
         names += [c.name for c in diff.changes if c.name not in names]
     return Fact(
         len(names), (ev("differences", "settings that differ", ", ".join(names) or "none"),)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analyzers.impact import Impact, impact_of
 from ..analyzers.itl import CAUSES
 from ..analyzers.ttft import PARTS
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, ms, share, worst
@@ -13,11 +14,48 @@ _PART_LABEL = {
     "queue_s": "engine queue",
     "cache_load_s": "cache load (swap-in)",
     "prefill_own_s": "own prefill",
+    "step_overhead_s": "fixed cost of its prefill steps",
     "prefill_others_s": "others' prefill and decode",
+    "inflation_s": "step inflation",
+    "probe_s": "probe stalls",
     "host_gap_s": "host gaps between steps",
     "sample_return_s": "sampling and return",
     "remainder_s": "unexplained",
 }
+_LIMIT_LABEL = {
+    "max_num_seqs": "the sequence cap",
+    "token_budget": "the token budget",
+    "kv_blocks": "free KV blocks",
+    "preemption": "a preemption in the step",
+    "swapped": "swapped requests first",
+    "none": "nothing (arrived mid-step)",
+}
+
+
+def impact_evidence(impact: Impact, metric: str) -> tuple:
+    out = (
+        ev("mean_gain", f"mean {metric} without it", -impact.mean_gain, "%"),
+        ev("tail_gain", f"p99 {metric} without it", -impact.tail_gain, "%"),
+    )
+    if impact.slo_gain is not None:
+        out += (ev("slo_gain", "requests it alone makes miss the SLO", impact.slo_gain, "%"),)
+    return out
+
+
+def ttft_impact(ctx: TriageContext, per_request, part: str) -> Impact:
+    slo = ctx.slo
+    target = slo.ttft_s if slo is not None else None
+    return impact_of(per_request["ttft_s"].to_numpy(), per_request[part].to_numpy(), target)
+
+
+def itl_impact(ctx: TriageContext, per_gap, column: str) -> Impact:
+    """Per gap against an ITL bound; per request (its mean gap) against a TPOT bound."""
+    slo = ctx.slo
+    if slo is not None and slo.itl_s is None and slo.tpot_s is not None:
+        by = per_gap.groupby("code", sort=False)[["gap_s", column]].mean()
+        return impact_of(by["gap_s"].to_numpy(), by[column].to_numpy(), slo.tpot_s)
+    target = slo.itl_s if slo is not None else None
+    return impact_of(per_gap["gap_s"].to_numpy(), per_gap[column].to_numpy(), target)
 
 
 @fact(
@@ -31,6 +69,13 @@ _PART_LABEL = {
         "tail_share",
         "requests",
         "step_ms",
+        "mean_gain",
+        "tail_gain",
+        "slo_gain",
+        "binding",
+        "binding_pct",
+        "limits",
+        "kv_peak_pct",
     ),
     part=Param(str, choices=PARTS),
     min_steps=Param(float, 0.0),
@@ -59,8 +104,38 @@ def ttft_part_share(ctx: TriageContext, part: str, min_steps: float) -> Fact | U
         ev("requests", "requests decomposed", t.mean.requests),
         ev("step_ms", "mean step", ms(step_s), "ms"),
     )
+    impact = ttft_impact(ctx, t.per_request, part)
+    evidence += impact_evidence(impact, "TTFT")
+    if part == "queue_s":
+        evidence += _limits_evidence(ctx)
     ids = (worst(t.per_request, part, f"most {_PART_LABEL[part]}"),)
-    return Fact(value, evidence, ids, impact=value if np.isfinite(value) else 0.0)
+    impact_share = value if np.isfinite(value) else 0.0
+    return Fact(value, evidence, ids, impact=impact_share, max_severity=impact.max_severity)
+
+
+def _limits_evidence(ctx: TriageContext) -> tuple:
+    """Which scheduler limit held waiting requests back, with how often (step 3's queue)."""
+    lim = ctx.get("limits")
+    if lim is None or not lim.steps_with_queue:
+        return (
+            ev("binding", "limit that held the queue", "no step ended with a queue"),
+            ev("binding_pct", "of steps with a queue", 0.0, "%"),
+            ev("limits", "limits", "no step ended with a queue"),
+            ev("kv_peak_pct", "peak KV use", lim.kv_peak_share if lim else None, "%"),
+        )
+    shares = sorted(((v, k) for k, v in lim.shares.items() if v > 0), reverse=True)
+    limits = ", ".join(f"{_LIMIT_LABEL[k]} {v:.0%}" for v, k in shares)
+    values = {"max_num_seqs": lim.max_num_seqs, "token_budget": lim.token_budget}
+    binding = lim.binding
+    named = _LIMIT_LABEL[binding]
+    if values.get(binding):
+        named += f" ({values[binding]})"
+    return (
+        ev("binding", "limit that held the queue", named),
+        ev("binding_pct", "of steps with a queue", lim.shares[binding], "%"),
+        ev("limits", f"limits in the {lim.steps_with_queue} steps with a queue", limits),
+        ev("kv_peak_pct", "peak KV use", lim.kv_peak_share, "%"),
+    )
 
 
 @fact("ttft_overhead", provides=("ttft_ms", "own_ms"))
@@ -120,7 +195,21 @@ def itl_spike(ctx: TriageContext, min_ratio: float, min_excess_ms: float) -> Fac
 
 @fact(
     "itl_tail_share",
-    provides=("cause", "p50_ms", "p99_ms", "tail_ms", "cause_ms", "gaps", "dominated", "chunking"),
+    provides=(
+        "cause",
+        "p50_ms",
+        "p99_ms",
+        "tail_ms",
+        "cause_ms",
+        "gaps",
+        "dominated",
+        "chunking",
+        "mean_gain",
+        "tail_gain",
+        "slo_gain",
+        "chunk_advice",
+        "budget_advice",
+    ),
     cause=Param(str, choices=CAUSES),
     min_ratio=Param(float, 3.0),
     min_excess_ms=Param(float, 20.0),
@@ -152,6 +241,10 @@ def itl_tail_share(
         ),
         ev("chunking", "chunked prefill", _chunking(ctx)),
     )
+    impact = itl_impact(ctx, itl.per_gap, f"{cause}_s")
+    evidence += impact_evidence(impact, "ITL")
+    if cause == "interference":
+        evidence += _interference_advice(ctx)
     ids = [worst(itl.per_gap, f"{cause}_s", f"largest {cause.replace('_', ' ')} in a gap")]
     comp = ctx.get("composition")
     if cause == "interference" and comp is not None:
@@ -162,7 +255,61 @@ def itl_tail_share(
         evidence,
         tuple(ids),
         impact=value if np.isfinite(value) else 0.0,
+        max_severity=impact.max_severity,
     )
+
+
+def _interference_advice(ctx: TriageContext) -> tuple:
+    """Concrete knobs for prefill interference, priced by the step cost model: the chunk
+    size at which a chunk costs no more than a decode step (so a decode's gap at most
+    doubles), what the worst gap then becomes, and what the longest prompt pays for it.
+    Never suggests what is in effect already or a change in the wrong direction."""
+    engine = ctx.run_options.get("engine") or {}
+    chunk, budget = engine.get("chunk_size"), engine.get("max_batched_tokens")
+    cost, comp = ctx.get("step_cost"), ctx.get("composition")
+    prompts = ctx.run.requests["prompt_tokens"].to_numpy("float64", na_value=np.nan)
+    longest = int(np.nanmax(prompts)) if np.isfinite(prompts).any() else None
+    generic = (
+        f"Chunk long prompts more finely so decodes interleave with them (chunked prefill "
+        f"now: {_chunking(ctx)})."
+    )
+    if cost is None or comp is None or not cost.trusted or cost.per_prefill_token_s <= 0:
+        return (ev("chunk_advice", "chunking", generic), ev("budget_advice", "token budget", ""))
+    a = cost.per_prefill_token_s
+    decode_step = cost.fixed_s + cost.per_decode_seq_s * max(comp.mean_decode_seqs, 1.0)
+    sizes = [x for x in (chunk, budget, longest) if x]
+    effective = min(sizes) if sizes else None
+    best = max(16, int(decode_step / a) // 16 * 16)
+    if effective is None or best >= effective:
+        text = (
+            f"Chunks are already at most {effective} tokens (chunk {_chunking(ctx)}, longest "
+            f"prompt {longest}): a finer chunk would not shorten a decode's wait by much. What "
+            "remains is the prompts' own cost: serve shared prefixes from the cache, shorten "
+            "prompts, or send long prompts to a replica of their own."
+        )
+        return (ev("chunk_advice", "chunking", text), ev("budget_advice", "token budget", ""))
+    now_ms, then_ms = ms(decode_step + effective * a), ms(decode_step + best * a)
+    knob = f"now {chunk}" if chunk else "chunked prefill is off now"
+    text = f"Set --chunk-size {best} ({knob}): a chunk then costs about {ms(best * a):.0f} ms "
+    text += f"beside a {ms(decode_step):.0f} ms decode step, so a decode's worst gap should "
+    text += f"fall from about {now_ms:.0f} to {then_ms:.0f} ms"
+    if longest:
+        extra = -(-longest // best) - -(-longest // effective)
+        text += (
+            f"; the longest prompt ({longest} tokens) then takes {extra} more steps, about "
+            f"{ms(extra * cost.fixed_s):.0f} ms more TTFT"
+        )
+    cap = best + int(np.ceil(max(comp.mean_decode_seqs, 1.0)))
+    budget_text = ""
+    pf = comp.per_step[comp.per_step["num_prefill_tokens"] > 0]
+    shared = float((pf["num_prefill_seqs"] > 1).mean()) if len(pf) else 0.0
+    if budget and cap < budget and shared >= 0.1:  # several prompts do fill one step
+        budget_text = (
+            f"Also bound every step's prefill: --max-batched-tokens {cap} (now {budget}): "
+            f"{shared:.0%} of prefill steps held several prompts' chunks."
+        )
+    return (ev("chunk_advice", "chunking", text + "."),
+            ev("budget_advice", "token budget", budget_text))  # fmt: skip
 
 
 def _chunking(ctx: TriageContext) -> str:

@@ -2,6 +2,8 @@
 
 Counters written (name, scope):
   cpu_util_pct (cpuN)            per logical core, since the previous sample
+  cpu_steal_pct (host)           time the hypervisor gave the machine's cores to others
+  procs_running (host)           runnable threads on the machine now (Linux /proc/stat)
   process_cpu_pct, process_rss_bytes (process)
   gpu_util_pct, gpu_mem_util_pct, gpu_mem_used_bytes, sm_clock_mhz, power_w,
   pcie_tx_bytes_per_s, pcie_rx_bytes_per_s (gpuN)
@@ -43,6 +45,7 @@ class DeviceSampler:
     def start(self) -> DeviceSampler:
         # Prime the "since last call" counters so the first sample is meaningful.
         psutil.cpu_percent(percpu=True)
+        psutil.cpu_times_percent()
         self._process.cpu_percent()
         self._thread.start()
         return self
@@ -66,6 +69,12 @@ class DeviceSampler:
         add = self._append
         for core, pct in enumerate(psutil.cpu_percent(percpu=True)):
             add(("cpu_util_pct", ts, float(pct), f"cpu{core}"))
+        steal = getattr(psutil.cpu_times_percent(), "steal", None)
+        if steal is not None:
+            add(("cpu_steal_pct", ts, float(steal), "host"))
+        running = _procs_running()
+        if running is not None:
+            add(("procs_running", ts, float(running), "host"))
         with self._process.oneshot():
             add(("process_cpu_pct", ts, float(self._process.cpu_percent()), "process"))
             add(("process_rss_bytes", ts, float(self._process.memory_info().rss), "process"))
@@ -73,6 +82,18 @@ class DeviceSampler:
             for name, value, scope in self._nvml.sample():
                 add((name, ts, value, scope))
         self.samples += 1
+
+
+def _procs_running() -> int | None:
+    """Threads runnable on the machine right now (ours included); None off Linux."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 class _Nvml:

@@ -15,12 +15,21 @@ happened. The points, and where their time lands in the lifecycle:
 
 `busy=True` spins the CPU instead of sleeping (CPU work that holds the GIL, as Python
 host code does); sleeping is the default because it costs shared machines nothing.
+
+`burning(n)` is the one fault outside the engine: `n` other processes spinning on the
+same cores while a run records (a noisy neighbour). Nothing of it is recorded in the
+run: the host-contention check must find it from what the probes saw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..engine_ref.hooks import (
@@ -99,3 +108,30 @@ class FaultObserver(EngineObserver):
     def on_step(self, event: StepEvent) -> None:
         self.inner.on_step(event)
         spend(self.faults.step_gap_ms * 1e-3, self.faults.busy)
+
+
+@contextlib.contextmanager
+def burning(processes: int) -> Iterator[None]:
+    """`processes` plain `python -c "while True: pass"` processes for the duration."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        time.sleep(0.2 if procs else 0.0)  # let them reach the run queue
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def machine_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import threading
 
 from ..engine_ref.hooks import (
@@ -54,6 +55,7 @@ class RunRecorder(EngineObserver):
         self._timer = step_timer  # CudaStepTimer on a GPU: GPU time per step, NVTX ranges
         self._window = window  # ProfilerWindow: torch.profiler over chosen steps
         self._decode = decode  # with --record-text: token ids → text
+        self._host_at_begin = (0, 0)  # (CPU ns, involuntary switches) at the step's start
 
     # -- engine side ---------------------------------------------------------------------
     def on_request(self, e: RequestEvent) -> None:
@@ -74,6 +76,7 @@ class RunRecorder(EngineObserver):
             self._window.on_step_begin(e.step_id, e.start_ns)
         if self._timer is not None:
             self._timer.begin(e.step_id)
+        self._host_at_begin = _host_usage()
 
     def on_phase(self, e: PhaseEvent) -> None:
         self._span((e.phase.value, "phase", e.start_ns, e.end_ns - e.start_ns, self._pid,
@@ -81,6 +84,9 @@ class RunRecorder(EngineObserver):
                     None, None))  # fmt: skip
 
     def on_step(self, e: StepEvent) -> None:
+        cpu_ns, switches = _host_usage()
+        cpu_ns -= self._host_at_begin[0]
+        switches -= self._host_at_begin[1]
         gpu_time_ns = self._timer.end() if self._timer is not None else None
         if self._window is not None:
             self._window.on_step_end(e.step_id, e.end_ns)
@@ -88,7 +94,7 @@ class RunRecorder(EngineObserver):
                     e.num_decode_seqs, e.num_context_tokens, e.num_waiting, e.num_running,
                     e.num_swapped, e.num_preemptions, e.kv_blocks_used, e.kv_blocks_free,
                     e.kv_blocks_cached, gpu_time_ns, self._rank, e.num_cached_tokens,
-                    e.cpu_blocks_used))  # fmt: skip
+                    e.cpu_blocks_used, cpu_ns, switches, e.blocked_by or None))  # fmt: skip
         self.steps_recorded += 1
 
     # -- client side ---------------------------------------------------------------------
@@ -110,3 +116,10 @@ class RunRecorder(EngineObserver):
         self._request((rid, prompt_len, result.output_tokens, self._cached.get(rid),
                        result.finish_reason, req.is_warmup, req.prefix_group,
                        result.output_digest, result.error, json.dumps(args)))  # fmt: skip
+
+
+def _host_usage() -> tuple[int, int]:
+    """The process's CPU time (user + system, every thread) in ns and its involuntary
+    context switches so far: one getrusage call (about a microsecond)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return int((u.ru_utime + u.ru_stime) * 1e9), u.ru_nivcsw

@@ -25,6 +25,7 @@ from .client import Progress, drive
 from .cuda_timing import make_step_timer
 from .device_sampler import DeviceSampler
 from .faults import FaultOptions
+from .gc_probe import GcProbe
 from .profiler_window import ProfilerWindow
 from .recorder import RunRecorder
 from .run_options import RunOptions
@@ -75,6 +76,7 @@ def record_run(
     )
     status = CRASHED
     sampler = window = triton_probe = None
+    gc_probe = GcProbe(writer.table("spans").append).attach()
     try:
         if options.probes.profile_steps is not None:
             first, last = options.probes.profile_steps
@@ -106,6 +108,7 @@ def record_run(
         raise
     finally:
         engine.observer = None
+        gc_probe.detach()
         if triton_probe is not None:
             triton_probe.detach()
             info = {**writer.manifest.extra, "triton_probe": triton_probe.summary()}

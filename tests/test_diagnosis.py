@@ -46,7 +46,9 @@ VARIANTS = {
     ),
     "host-bound": dataclasses.replace(
         sc.by_name("host-bound"),
-        faults=FaultOptions(step_gap_ms=2.5),
+        # 2.5 ms sat at the host-share threshold (0.39 against 0.40) and flipped between
+        # runs: a variant must not sit on the rule's boundary
+        faults=FaultOptions(step_gap_ms=3.5),
         workload={"arrival": ArrivalSpec("closed", concurrency=6)},
     ),
     "slow-input": dataclasses.replace(
@@ -80,8 +82,12 @@ def test_every_suite_scenario_has_a_varied_twin():
     names = {s.name for s in sc.SCENARIOS}
     twins = {s.variant_of for s in sc.SCENARIOS if s.variant_of}
     originals = {s.name for s in sc.SCENARIOS if not s.variant_of}
-    assert twins == originals and twins <= names
-    assert len({s.expected for s in sc.SCENARIOS}) == 8  # seven causes and the healthy case
+    assert originals <= twins <= names
+    # eight causes, the healthy case and the profiler accounted for in the gate
+    assert len({s.expected for s in sc.SCENARIOS}) == 10
+    # the README scenarios come with two seeds each
+    readme = [s.name.rsplit("-s", 1) for s in sc.README_SCENARIOS]
+    assert all(n for n, _ in readme) and {k for _, k in readme} == {"1", "2"}
 
 
 def test_faults_spend_real_time_at_their_hook_and_forward_everything():

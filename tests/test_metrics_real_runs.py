@@ -86,3 +86,18 @@ def test_analyze_json_on_a_real_run(cli, uncapped):
     assert data["metrics"]["goodput"]["attainment"] == pytest.approx(1.0)
     assert data["step_cost"]["steps_fitted"] > 0
     assert (uncapped / "results" / "metrics.json").exists()
+
+
+def test_the_step_cost_model_fits_a_recorded_run(analysis):
+    # a real run: the fit quality is reported, the costs are positive, and the per-step
+    # evidence the host checks need was recorded (tiny-preset steps last ~2 ms, so the
+    # noise is large against them: the fit need not be "trusted" here)
+    m = analysis.step_cost
+    assert m.per_prefill_token_s > 0 and m.fixed_s > 0 and m.per_decode_seq_s > 0
+    assert np.isfinite(m.r2) and np.isfinite(m.median_rel_error) and m.residual_sigma_s > 0
+    assert m.inflated_share < 0.5
+    parts = m.per_step[["fixed_s", "prefill_s", "decode_s", "residual_s"]].sum(axis=1)
+    assert np.allclose(parts, m.per_step["dur_s"], rtol=1e-9)
+    h = analysis.host
+    assert h.starved_steps <= h.per_step.shape[0] and np.isfinite(h.step_cpu_ratio)
+    assert 0 <= h.lost_share < 1

@@ -1,8 +1,9 @@
-"""Batch composition, the step-cost model, preemption cost, cache hits by tier and
-fairness, on hand-built runs (tests/data/serving_runs.py) and a synthetic step table
-with known costs."""
+"""Batch composition, the step-cost model, binding limits, preemption cost, cache hits by
+tier and fairness, on hand-built runs (tests/data/serving_runs.py) and synthetic step
+tables with known costs."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import serving_runs as runs
 
@@ -10,8 +11,9 @@ from perfdiag import load_run
 from perfdiag.analyzers.cache import cache_hits
 from perfdiag.analyzers.fairness import fairness, hotness
 from perfdiag.analyzers.lifecycle import build_lifecycle
-from perfdiag.analyzers.scheduler import composition, fit_step_cost, preemptions
-from perfdiag.analyzers.steptime import StepTimeline, WorkWeights
+from perfdiag.analyzers.scheduler import binding_limits, composition, preemptions
+from perfdiag.analyzers.step_cost import fit_step_cost
+from perfdiag.analyzers.steptime import StepParts, StepTimeline, WorkWeights
 from perfdiag.analyzers.ttft import decompose_ttft
 
 MS, US = 1e-3, 1e-6
@@ -41,7 +43,7 @@ def synthetic(tmp_path_factory):
                               decode=d, context=c))  # fmt: skip
         t += dur + 0.2 * MS
     path = runs.write(tmp_path_factory.mktemp("sched") / "synthetic", [], [], rows)
-    return composition(StepTimeline.from_run(load_run(path), runs.T0))
+    return StepTimeline.from_run(load_run(path), runs.T0)
 
 
 def test_the_cost_model_recovers_known_costs_and_flags_stalled_steps(synthetic):
@@ -50,16 +52,111 @@ def test_the_cost_model_recovers_known_costs_and_flags_stalled_steps(synthetic):
     assert cost.per_prefill_token_s == pytest.approx(COST[1], rel=0.05)
     assert cost.per_decode_seq_s == pytest.approx(COST[2], rel=0.05)
     assert cost.per_context_token_s == pytest.approx(COST[3], rel=0.1)
-    assert cost.r2 > 0.99 and cost.trusted
+    assert cost.r2 > 0.99 and cost.trusted and cost.median_rel_error < 0.01
     assert sorted(cost.outlier_steps["step_id"]) == list(STALLED)
-    assert cost.outliers == 3 and cost.steps_fitted == 197
-    assert (cost.outlier_steps["dur_s"] - cost.outlier_steps["predicted_s"]).min() > 35 * MS
+    assert cost.outliers == 3 and cost.steps_fitted > 150
+    assert cost.outlier_steps["residual_s"].min() > 35 * MS
+    assert cost.inflated_s == pytest.approx(3 * 40 * MS, rel=0.01)
     assert cost.weights() == WorkWeights(cost.per_prefill_token_s, cost.per_decode_seq_s)
+
+
+def synthetic_steps(path, rng, n, cost, noise, stalls, stall_ms=(50, 300)):
+    """`n` steps of random batches costing `cost` (fixed, per prefill token, per decode
+    sequence, per context token) with multiplicative Gaussian `noise` and a share
+    `stalls` of steps slowed by a uniform stall: what a contended machine looks like."""
+    rows, t, stalled = [], 0.0, []
+    for i in range(n):
+        p = int(rng.choice([0, 0, rng.integers(16, 512)]))
+        d = int(rng.integers(1, 24))
+        c = d * int(rng.integers(32, 1024))
+        dur = (cost[0] + cost[1] * p + cost[2] * d + cost[3] * c) * (1 + rng.normal(0, noise))
+        if rng.random() < stalls:
+            dur += rng.uniform(*stall_ms) * MS
+            stalled.append(i)
+        rows.append(runs.step(i, t / MS, (t + dur) / MS, pf_seqs=int(p > 0), pf_tokens=p,
+                              decode=d, context=c))  # fmt: skip
+        t += dur + 0.1 * MS
+    run = load_run(runs.write(path, [], [], rows))
+    return StepTimeline.from_run(run, runs.T0), set(stalled)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_robust_fit_holds_with_noise_and_many_outliers(tmp_path, seed):
+    # 5 % noise and one step in ten stalled by 50–300 ms (steps cost 10–60 ms): a least-
+    # squares fit would be dragged far off; the Huber fit stays within 10 % (fixed cost,
+    # prefill) and 15 % (decode), and finds nearly every stalled step.
+    cost = (8 * MS, 60 * US, 400 * US, 0.02 * US)
+    steps, stalled = synthetic_steps(tmp_path / "s", np.random.default_rng(seed), 400, cost,
+                                     0.05, 0.1)  # fmt: skip
+    m = fit_step_cost(steps)
+    assert m.fixed_s == pytest.approx(cost[0], rel=0.1)
+    assert m.per_prefill_token_s == pytest.approx(cost[1], rel=0.1)
+    assert m.per_decode_seq_s == pytest.approx(cost[2], rel=0.15)
+    found = set(m.outlier_steps["step_id"])
+    assert len(found & stalled) >= 0.9 * len(stalled) and len(found - stalled) <= 4
+    assert m.trusted
+
+
+def test_parts_of_steps_add_up_and_keep_the_residual_out_of_prefill(synthetic):
+    cost = fit_step_cost(synthetic)
+    parts = StepParts.from_model(synthetic, cost)
+    dur = synthetic.end - synthetic.start
+    total = parts.fixed + parts.prefill + parts.decode + parts.residual
+    assert np.allclose(total, dur, rtol=1e-9)
+    stalled = np.isin(synthetic.step_id, STALLED)
+    assert (parts.residual[stalled] > 35 * MS * 1e6).all() and (parts.residual[~stalled] == 0).all()
+    # a stalled step's prefill is its tokens at the marginal cost, not its 40 ms stall
+    i = np.flatnonzero(stalled)[0]
+    assert parts.prefill[i] == pytest.approx(
+        synthetic.prefill_tokens[i] * cost.per_prefill_token_s * 1e9, rel=1e-6
+    )
+    window = parts.between(np.array([synthetic.start[0]]), np.array([synthetic.end[-1]]))
+    assert sum(v[0] for v in window.values()) == pytest.approx(dur.sum(), rel=1e-9)
+
+
+def test_a_negative_coefficient_drops_its_term(tmp_path):
+    # context tokens that cost nothing, with noise that would give them a negative price
+    steps, _ = synthetic_steps(tmp_path / "s", np.random.default_rng(4), 200,
+                               (5 * MS, 50 * US, 300 * US, 0.0), 0.05, 0.0)  # fmt: skip
+    m = fit_step_cost(steps)
+    assert m.per_context_token_s >= 0
+    assert "context_tokens" not in m.terms or m.per_context_token_s > 0
 
 
 def test_too_few_steps_give_no_model(tmp_path):
     _, _, steps = load(runs.basic(tmp_path / "basic"))
-    assert fit_step_cost(composition(steps)) is None
+    assert fit_step_cost(steps) is None
+
+
+def test_binding_limits_recorded_by_the_engine_and_inferred():
+    steps = pd.DataFrame(
+        {
+            "step_id": range(6),
+            "start_ns": range(0, 60, 10),
+            "end_ns": range(9, 69, 10),
+            "num_prefill_tokens": [64, 64, 0, 0, 0, 0],
+            "num_decode_seqs": [2, 4, 4, 4, 4, 0],
+            "num_waiting": [3, 3, 2, 0, 1, 0],
+            "num_running": [4, 4, 4, 4, 4, 0],
+            "kv_blocks_used": [10, 12, 12, 12, 95, 0],
+            "kv_blocks_free": [90, 88, 88, 88, 5, 100],
+            "blocked_by": pd.Categorical(
+                ["max_num_seqs", "max_num_seqs", "token_budget"] + [None] * 3
+            ),
+        }
+    )
+    got = binding_limits(steps, {"max_num_seqs": 4, "max_num_batched_tokens": 68})
+    assert got.source == "engine" and got.steps_with_queue == 4
+    assert got.shares["max_num_seqs"] == 0.5 and got.shares["token_budget"] == 0.25
+    assert got.shares["none"] == 0.25 and got.binding == "max_num_seqs"
+    assert got.kv_peak_share == pytest.approx(0.95)
+    limits = {"max_num_seqs": 8, "max_num_batched_tokens": 68}
+    inferred = binding_limits(steps.drop(columns="blocked_by"), limits)
+    assert inferred.source == "inferred"
+    # step 0: 66 tokens < 68, step 1: 68 = budget, step 2: none, step 4: KV 95 % full
+    expected = {"max_num_seqs": 0, "token_budget": 0.25, "kv_blocks": 0.25, "preemption": 0,
+                "swapped": 0, "none": 0.5}  # fmt: skip
+    assert inferred.shares == pytest.approx(expected)
 
 
 def test_batch_composition(tmp_path):

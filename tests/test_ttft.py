@@ -8,7 +8,7 @@ import serving_runs as runs
 
 from perfdiag import load_run
 from perfdiag.analyzers.lifecycle import build_lifecycle
-from perfdiag.analyzers.steptime import StepTimeline, WorkWeights
+from perfdiag.analyzers.steptime import StepParts, StepTimeline, WorkWeights
 from perfdiag.analyzers.ttft import PARTS, decompose_ttft
 from perfdiag.traces.layout import parquet_path
 
@@ -20,7 +20,8 @@ def decompose(path, weights=None):
     lc = build_lifecycle(run)
     steps = StepTimeline.from_run(run, lc.origin_ns)
     select = ~lc.requests["is_warmup"].to_numpy()
-    return decompose_ttft(lc, steps, select, weights)
+    parts = StepParts.by_weights(steps, weights) if weights is not None else None
+    return decompose_ttft(lc, steps, select, parts)
 
 
 def parts_ms(d, rid):

@@ -76,6 +76,11 @@ class Step(NamedTuple):
     rank: int | None = None
     num_cached_tokens: int | None = None  # prefix-cache hits of requests admitted this step
     kv_cpu_blocks_used: int | None = None  # the swap tier
+    # Host evidence for the step (the recording process, all its threads): CPU time it got
+    # and how often the kernel took a core from it, between the step's start and end.
+    cpu_time_ns: int | None = None
+    involuntary_switches: int | None = None
+    blocked_by: str | None = None  # what held back requests still waiting (None: none did)
 
 
 class Span(NamedTuple):
@@ -120,7 +125,7 @@ ROW_TYPES: dict[str, type] = {
 CATEGORICAL: dict[str, frozenset[str]] = {
     "requests": frozenset({"finish_reason"}),
     "request_events": frozenset({"kind", "side"}),
-    "steps": frozenset(),
+    "steps": frozenset({"blocked_by"}),
     "spans": frozenset({"name", "category"}),
     "counters": frozenset({"name", "scope"}),
 }
@@ -136,6 +141,7 @@ SPAN_CATEGORIES = (
     "cpu_op", "python", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy",
     "gpu_memset", "comm", "annotation", "phase", "probe", "cuda_sync",
     "triton", "triton_interpret",  # Triton launches from the probe (timed on the GPU / host)
+    "gc",  # a garbage-collection pause (probes/gc_probe.py)
 )  # fmt: skip
 
 _ARROW_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..analyzers.ttft import PARTS as TTFT_PARTS
 from .data import RunData
 
-TTFT_PARTS = ("input_s", "queue_s", "cache_load_s", "prefill_own_s", "prefill_others_s",
-              "host_gap_s", "sample_return_s", "remainder_s")  # fmt: skip
 PART_LABELS = {"input_s": "input", "queue_s": "queue", "cache_load_s": "cache load",
-               "prefill_own_s": "prefill (own)", "prefill_others_s": "prefill (others)",
-               "host_gap_s": "host gaps", "sample_return_s": "sample+return",
+               "prefill_own_s": "prefill (own)", "step_overhead_s": "step overhead",
+               "prefill_others_s": "prefill (others)", "inflation_s": "inflation",
+               "probe_s": "probe", "host_gap_s": "host gaps", "sample_return_s": "sample+return",
                "remainder_s": "unexplained"}  # fmt: skip
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .scenarios import HEALTHY, SCENARIOS, by_name
+from .scenarios import HEALTHY, PROBES_ACCOUNTED, SCENARIOS, by_name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs in this folder")
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON")
     args = parser.parse_args(argv)
-    scenarios = [by_name(n) for n in args.only] if args.only else list(SCENARIOS)
+    scenarios = select(args.only) if args.only else list(SCENARIOS)
     rows = []
     with tempfile.TemporaryDirectory(prefix="perfdiag-diagnosis-") as tmp:
         root = args.keep or Path(tmp)
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                     "severity": top.severity if top else "",
                     "title": top.title if top else "",
                     "critical": sum(f.severity == "critical" for f in triage.findings),
+                    "gate": ", ".join(f.check for f in triage.qualifiers if f.severity != "info"),
                     "ok": s.verdict(triage),
                     "seconds": round(time.perf_counter() - started, 1),
                 }
@@ -55,6 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0 if all(r["ok"] for r in rows) else 1
+
+
+def select(names: list[str]) -> list:
+    """Scenarios by name; a name that is no scenario selects those it prefixes
+    (`readme`, `readme-neighbour`)."""
+    out = []
+    for n in names:
+        matched = [s for s in SCENARIOS if s.name.startswith(n)]
+        out += [by_name(n)] if any(s.name == n for s in SCENARIOS) or not matched else matched
+    return out
 
 
 def _line(r: dict) -> str:
@@ -67,6 +78,8 @@ def _table(rows: list[dict]) -> None:
     for r in rows:
         expected = r["expected"] if r["expected"] != HEALTHY else "nothing critical"
         top = r["top"] if r["expected"] != HEALTHY else f"{r['top']} ({r['critical']} critical)"
+        if r["expected"] == PROBES_ACCOUNTED:
+            top = f"gate {r['gate'] or 'silent'}; top {r['top']}"
         body.append((r["scenario"], expected, top, "yes" if r["ok"] else "NO"))
     widths = [max(len(x[i]) for x in (head, *body)) for i in range(len(head))]
     print()

@@ -2,10 +2,16 @@
 each with the triage check its top finding must be.
 
 Every fault is real: a configuration that breaks the named part (a client cap, a rate
-above capacity, chunked prefill off, a KV pool too small, prefix caching off) or an
-engine hook that really spends time at the named point (probes/faults.py). Nothing
-writes an event. Each scenario has a variant with other numbers, another workload shape
-or another mechanism, so the playbook thresholds are not fitted to one configuration.
+above capacity, chunked prefill off, a KV pool too small, prefix caching off), an
+engine hook that really spends time at the named point (probes/faults.py), processes
+burning the same cores (faults.burning) or a profiler window. Nothing writes an event.
+Each scenario has a variant with other numbers, another workload shape or another
+mechanism, so the playbook thresholds are not fitted to one configuration.
+
+The "README" scenarios start from what a new user runs — `perfdiag run`'s defaults (the
+`small` preset, the `chat` workload, every probe on) — and change one thing each, with
+two seeds: a closed loop, an open loop at 30 % of the capacity the closed loop measured,
+a CPU-burning neighbour, a profiler window.
 
 This module imports only perfdiag, so tests can load it by path.
 """
@@ -20,12 +26,17 @@ from perfdiag import load_run
 from perfdiag.analyzers.findings import Triage
 from perfdiag.playbooks.evaluate import run_triage
 from perfdiag.playbooks.facts import TriageContext
-from perfdiag.probes.faults import FaultOptions
+from perfdiag.probes.faults import FaultOptions, burning, machine_cores
 from perfdiag.probes.run_options import EngineOptions, ProbeOptions, RunOptions
 from perfdiag.probes.session import record_run
 from perfdiag.probes.workload import ArrivalSpec, LengthSpec, PrefixSpec, WorkloadSpec
+from perfdiag.probes.workload_library import DEFAULT_WORKLOAD, load_workload
 
 HEALTHY = "none critical"  # what a healthy run must show
+PROBES_ACCOUNTED = "gate names the probes"  # the gate names them; no engine finding blames them
+# Findings a probe stall would feed if it were blamed on the engine.
+PROBE_BLAMABLE = ("queue-dominates-ttft", "itl-delivery-stalls", "itl-host-gaps", "ttft-host-gaps",
+                  "ttft-return", "over-capacity", "host-bound", "step-inflation")  # fmt: skip
 
 _ENGINE = dict(preset="tiny", kv_cache_mb=8.0, max_seqs=16, chunk_size=64)
 _WORKLOAD = dict(
@@ -59,24 +70,44 @@ class Scenario:
     workload: dict = field(default_factory=dict)  # WorkloadSpec overrides
     faults: FaultOptions | None = None
     variant_of: str | None = None
+    readme: bool = False  # start from `perfdiag run`'s defaults instead of the suite's
+    probes: dict = field(default_factory=dict)  # ProbeOptions overrides
+    neighbours: float = 0.0  # CPU-burning processes per core while it records
+    # (scenario, share): an open loop at `share` of the completion rate that scenario's run
+    # measured (its run must be recorded first, in the same folder)
+    rate_of: tuple[str, float] | None = None
 
-    def options(self, requests: int | None = None) -> RunOptions:
-        work = _WORKLOAD | self.workload
+    def options(self, requests: int | None = None, rate: float | None = None) -> RunOptions:
+        if self.readme:
+            base = dataclasses.asdict(load_workload(DEFAULT_WORKLOAD))
+            base = {k: v for k, v in base.items() if k in _WORKLOAD} | {
+                "arrival": ArrivalSpec(**base["arrival"]),
+                "prompt_len": LengthSpec(**base["prompt_len"]),
+                "output_len": LengthSpec(**base["output_len"]),
+            }
+            engine, probes = EngineOptions(**self.engine), ProbeOptions(**self.probes)
+        else:
+            base = _WORKLOAD
+            engine = EngineOptions(**(_ENGINE | self.engine))
+            probes = ProbeOptions(**({"device_sampling": False} | self.probes))
+        work = base | self.workload
+        if rate is not None:
+            work |= {"arrival": ArrivalSpec(mode="open", rate=rate, process="poisson")}
         if requests is not None:
             work |= {"requests": requests, "warmup": min(work["warmup"], requests // 8)}
-        return RunOptions(
-            EngineOptions(**(_ENGINE | self.engine)),
-            WorkloadSpec(name=self.name, **work),
-            ProbeOptions(device_sampling=False),
-        )
+        return RunOptions(engine, WorkloadSpec(name=self.name, **work), probes)
 
     def record(self, out_dir: Path, requests: int | None = None) -> Path:
-        record_run(
-            self.options(requests),
-            out_dir,
-            command=["benchmarks.diagnosis", self.name],
-            faults=self.faults,
-        )
+        rate = None
+        if self.rate_of is not None:
+            rate = self.rate_of[1] * completion_rate(out_dir.parent / self.rate_of[0])
+        with burning(round(self.neighbours * machine_cores())):
+            record_run(
+                self.options(requests, rate),
+                out_dir,
+                command=["benchmarks.diagnosis", self.name],
+                faults=self.faults,
+            )
         return out_dir
 
     def diagnose(self, run_dir: Path) -> Triage:
@@ -85,7 +116,20 @@ class Scenario:
     def verdict(self, triage: Triage) -> bool:
         if self.expected == HEALTHY:
             return not any(f.severity == "critical" for f in triage.findings)
+        if self.expected == PROBES_ACCOUNTED:
+            gate = triage.by_check("probe-stalls")
+            blamed = [f for f in triage.causes if f.check in PROBE_BLAMABLE]
+            critical = [f for f in triage.causes if f.severity == "critical"]
+            return gate is not None and gate.severity != "info" and not blamed and not critical
         return triage.top is not None and triage.top.check == self.expected
+
+
+def completion_rate(run_dir: Path) -> float:
+    """Requests completed per second in a recorded run's steady window."""
+    from perfdiag.analyzers.serving import analyze_serving
+
+    m = analyze_serving(load_run(run_dir)).metrics
+    return float(m.throughput.requests_per_s)
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -240,6 +284,31 @@ SCENARIOS: tuple[Scenario, ...] = (
         variant_of="prefix-cache-off",
     ),
 )
+
+
+def _readme_scenarios(seed: int) -> tuple[Scenario, ...]:
+    """What a new user runs: the README's default, then one change each."""
+    tag = f"-s{seed}"
+    closed = dict(arrival=_closed(4), seed=seed)
+    return (
+        Scenario(f"readme-default{tag}", "nothing: the README's `perfdiag run`", HEALTHY,
+                 workload=dict(seed=seed), readme=True),
+        Scenario(f"readme-closed4{tag}", "nothing: closed loop at concurrency 4", HEALTHY,
+                 workload=closed, readme=True, variant_of=f"readme-default{tag}"),
+        Scenario(f"readme-open30{tag}", "nothing: open loop at 30 % of the closed loop's capacity",
+                 HEALTHY, workload=dict(seed=seed, requests=24), readme=True,
+                 rate_of=(f"readme-closed4{tag}", 0.3), variant_of=f"readme-default{tag}"),
+        Scenario(f"readme-neighbour{tag}", "closed loop at 4 beside processes burning every core",
+                 "host-contention", workload=closed, readme=True, neighbours=1.0,
+                 variant_of=f"readme-closed4{tag}"),
+        Scenario(f"readme-profiler{tag}", "the default with a profiler window over steps 10–40",
+                 PROBES_ACCOUNTED, workload=dict(seed=seed), readme=True,
+                 probes=dict(profile_steps=(10, 40)), variant_of=f"readme-default{tag}"),
+    )  # fmt: skip
+
+
+README_SCENARIOS = _readme_scenarios(1) + _readme_scenarios(2)
+SCENARIOS = SCENARIOS + README_SCENARIOS
 
 
 def by_name(name: str) -> Scenario:

@@ -9,13 +9,13 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Label, Static
 
+from ...analyzers.itl import CAUSES
 from .. import fmt
 from ..data_requests import PART_LABELS, TTFT_PARTS, requests_frame
 from ..widgets.charts import Chart, stacked_bar, swatches
 from .checks import TriageStepScreen
 
-ITL_CAUSES = ("decode_s", "interference_s", "preemption_s", "host_gap_s", "stream_out_s",
-              "remainder_s")  # fmt: skip
+ITL_CAUSES = tuple(f"{c}_s" for c in CAUSES)
 WORST = 10
 
 

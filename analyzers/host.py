@@ -1,0 +1,274 @@
+"""The host the engine ran on: was it shared, did a probe hold the engine, and what made
+inflated steps slow.
+
+Evidence, per step (probes/recorder.py) and per sample (probes/device_sampler.py):
+- the CPU time the process got during the step and how often the kernel preempted it
+  (involuntary context switches). A process alone on its cores is rarely preempted; one
+  sharing them with a busy neighbour is preempted at every scheduler slice (a few ms),
+  hundreds of times a second, and gets less CPU per second of step;
+- the machine's busy cores (Σ per-core utilisation) against the process's own: what the
+  rest of the machine took; steal time where the hypervisor reports it.
+
+A step is *starved* when the process was preempted at least STARVED_SWITCHES_PER_S times
+per second during it, or when other processes held at least OTHERS_SHARE of the cores
+while the machine was saturated. The time a starved step lost is estimated from the CPU
+it got: `wall − cpu / reference`, the reference being the CPU per second of wall time the
+same kind of step (decode-only, or with prefill) got when not starved — what the engine
+uses when it has the cores.
+
+Probe stalls are the intervals in which a probe held the engine between steps (the
+profiler starting or stopping: `probe` spans); steps recorded inside a profiler window
+run slower for the profiler's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..traces.reader import Run
+from .steady_state import INTERNAL
+from .steptime import Stalls, StepTimeline
+
+NS = 1e9
+STARVED_SWITCHES_PER_S = 200.0  # preempted every 5 ms: sharing cores with runnable threads
+STARVED_MIN_SWITCHES = 3  # and more than a stray preemption or two in a short step
+OTHERS_SHARE = 0.25  # others hold a quarter of the machine's cores …
+SATURATED = 0.9  # … while the machine is at least this busy
+MIN_REFERENCE_STEPS = 5
+REASONS = ("probe", "gc", "preemption", "host contention", "new shape", "unexplained")
+
+
+@dataclass(frozen=True)
+class HostConditions:
+    cores: int | None  # logical cores the sampler saw (None: no CPU samples)
+    others_cores: float  # mean cores other processes used while the run ran (NaN: unknown)
+    others_share: float  # others_cores / cores
+    machine_busy_share: float  # mean busy share of the machine's cores
+    process_cores: float  # mean cores the process used (sampler)
+    steal_share: float  # mean share of CPU time stolen by the hypervisor (NaN: not reported)
+    runnable: float  # mean runnable threads on the machine (Linux)
+    step_cpu_ratio: float  # median CPU time per second of step
+    reference_ratio: float  # the same, over steps that were not starved
+    switches_per_s: float  # median involuntary context switches per second of step
+    starved_steps: int
+    starved_share: float  # share of step time in starved steps
+    lost_s: float  # estimated step time lost to CPU starvation
+    lost_share: float  # lost_s / Σ step time
+    per_step: pd.DataFrame = field(metadata=INTERNAL)
+
+
+@dataclass(frozen=True)
+class ProbeStalls:
+    count: int
+    total_s: float
+    largest_s: float
+    names: tuple[str, ...]  # e.g. ("profiler_start 2.51 s", "profiler_stop 0.45 s")
+    window_steps: tuple[int, int] | None  # the profiler window's steps, if one was recorded
+    stalls: Stalls = field(metadata=INTERNAL)  # relative to the lifecycle's origin
+
+
+@dataclass(frozen=True)
+class Inflation:
+    """What the run recorded at the inflated steps (the cost model's outliers)."""
+
+    steps: int
+    inflated_s: float
+    by_reason_s: dict[str, float]  # REASONS → seconds of residual
+    per_step: pd.DataFrame = field(metadata=INTERNAL)  # step_id, residual_s, reason
+
+
+def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
+    """None when the run recorded no per-step CPU evidence (older runs, imported traces)."""
+    steps = run.steps
+    if "cpu_time_ns" not in steps or steps["cpu_time_ns"].isna().all():
+        return None
+    s = steps.drop_duplicates("step_id").set_index("step_id").reindex(timeline.step_id)
+    wall = np.maximum(timeline.end - timeline.start, 1.0)
+    cpu = s["cpu_time_ns"].to_numpy("float64", na_value=np.nan)
+    switches = s["involuntary_switches"].to_numpy("float64", na_value=np.nan)
+    ratio = cpu / wall
+    rate = switches / (wall / NS)
+    machine = _machine(run)
+    cores = machine["cores"]
+    others_at = _at_steps(machine["others"], timeline.end + timeline.origin_ns)
+    busy_at = _at_steps(machine["busy"], timeline.end + timeline.origin_ns)
+    crowded = (others_at >= OTHERS_SHARE * (cores or np.inf)) & (
+        busy_at >= SATURATED * (cores or np.inf)
+    )
+    preempted = (np.nan_to_num(rate) >= STARVED_SWITCHES_PER_S) & (
+        np.nan_to_num(switches) >= STARVED_MIN_SWITCHES
+    )
+    starved = preempted | crowded
+    with_prefill = timeline.prefill_tokens > 0
+    reference = np.full(len(wall), np.nan)
+    overall = _reference(ratio, ~starved)
+    for kind in (with_prefill, ~with_prefill):
+        ref = _reference(ratio, kind & ~starved)
+        reference[kind] = ref if np.isfinite(ref) else overall
+    reference = np.where(np.isfinite(reference), reference, max(np.nanpercentile(ratio, 90), 1.0))
+    lost = np.where(starved & np.isfinite(cpu), np.maximum(wall - cpu / reference, 0.0), 0.0)
+    per_step = pd.DataFrame(
+        {
+            "step_id": timeline.step_id,
+            "cpu_ratio": ratio,
+            "switches_per_s": rate,
+            "others_cores": others_at,
+            "starved": starved,
+            "lost_s": lost / NS,
+        }
+    )
+    return HostConditions(
+        cores=cores,
+        others_cores=machine["others_mean"],
+        others_share=machine["others_mean"] / cores if cores else float("nan"),
+        machine_busy_share=machine["busy_mean"] / cores if cores else float("nan"),
+        process_cores=machine["process_mean"],
+        steal_share=machine["steal_mean"],
+        runnable=machine["runnable_mean"],
+        step_cpu_ratio=float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan"),
+        reference_ratio=float(np.nanmedian(reference)),
+        switches_per_s=float(np.nanmedian(rate)) if np.isfinite(rate).any() else float("nan"),
+        starved_steps=int(starved.sum()),
+        starved_share=float(wall[starved].sum() / wall.sum()) if wall.sum() else 0.0,
+        lost_s=float(lost.sum() / NS),
+        lost_share=float(lost.sum() / wall.sum()) if wall.sum() else 0.0,
+        per_step=per_step,
+    )
+
+
+def probe_stalls(run: Run, origin_ns: int) -> ProbeStalls:
+    sp = run.spans
+    sel = (sp["category"] == "probe").to_numpy() if len(sp) else np.zeros(0, bool)
+    probes = sp[sel]
+    start = (probes["start_ns"].to_numpy(np.int64) - origin_ns).astype(np.float64)
+    end = start + probes["dur_ns"].to_numpy(np.float64)
+    names = tuple(
+        f"{n} {d / NS:.2f} s"
+        for n, d in zip(probes["name"].astype(str), probes["dur_ns"].to_numpy(), strict=True)
+    )
+    window = (run.manifest.extra or {}).get("profiler_window") or {}
+    captured = window.get("captured_steps")
+    steps = (int(captured[0]), int(captured[1])) if captured else None
+    stalls = Stalls(start, end)
+    dur = end - start
+    return ProbeStalls(len(probes), stalls.total / NS, float(dur.max() / NS) if len(dur) else 0.0,
+                       names, steps, stalls)  # fmt: skip
+
+
+def explain_inflation(
+    run: Run,
+    timeline: StepTimeline,
+    per_step_cost: pd.DataFrame,
+    host: HostConditions | None,
+    probes: ProbeStalls,
+) -> Inflation:
+    """The first matching reason for each inflated step, in REASONS order: a probe held
+    or profiled it, garbage collection took at least half its residual, it preempted or
+    swapped, the process was starved of CPU, it was the first step of its batch shape
+    (new kernels, allocations), or nothing the run recorded."""
+    cost = per_step_cost.reset_index(drop=True)
+    inflated = cost["inflated"].to_numpy(bool)
+    pos = np.flatnonzero(inflated)
+    start, end = timeline.start[pos], timeline.end[pos]
+    resid = cost["residual_s"].to_numpy()[pos]
+    ids = timeline.step_id[pos]
+    reason = np.full(len(pos), "unexplained", dtype=object)
+
+    def claim(mask: np.ndarray, name: str) -> None:
+        reason[(reason == "unexplained") & mask] = name
+
+    in_window = np.zeros(len(pos), bool)
+    if probes.window_steps is not None:
+        lo, hi = probes.window_steps
+        in_window = (ids >= lo) & (ids <= hi)
+    claim(in_window | (probes.stalls.between(start, end) > 0), "probe")
+    gc = _gc_time(run, timeline.origin_ns, start, end)
+    claim(gc >= 0.5 * resid * NS, "gc")
+    preempted = run.steps.drop_duplicates("step_id").set_index("step_id")["num_preempted"]
+    claim(preempted.reindex(ids).fillna(0).to_numpy(np.float64) > 0, "preemption")
+    if host is not None:
+        claim(host.per_step["starved"].to_numpy(bool)[pos], "host contention")
+    claim(_new_shape(timeline)[pos], "new shape")
+    frame = pd.DataFrame({"step_id": ids, "residual_s": resid, "reason": reason})
+    by = frame.groupby("reason")["residual_s"].sum()
+    return Inflation(
+        steps=len(pos),
+        inflated_s=float(resid.sum()),
+        by_reason_s={r: float(by.get(r, 0.0)) for r in REASONS},
+        per_step=frame.sort_values("residual_s", ascending=False, ignore_index=True),
+    )
+
+
+def _new_shape(timeline: StepTimeline) -> np.ndarray:
+    """Steps whose decode batch size, or whose prefill token count above every earlier
+    one, the run had not seen before."""
+    d = pd.Series(timeline.decode_seqs)
+    first_decode = ~d.duplicated().to_numpy() & (timeline.decode_seqs > 0)
+    p = timeline.prefill_tokens
+    prior_max = np.concatenate(([0.0], np.maximum.accumulate(p)[:-1]))
+    return first_decode | (p > prior_max)
+
+
+def _gc_time(run: Run, origin_ns: int, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    sp = run.spans
+    if not len(sp) or not len(start):
+        return np.zeros(len(start))
+    gc = sp[(sp["category"] == "gc").to_numpy()]
+    if not len(gc):
+        return np.zeros(len(start))
+    s = (gc["start_ns"].to_numpy(np.int64) - origin_ns).astype(np.float64)
+    return Stalls(s, s + gc["dur_ns"].to_numpy(np.float64)).between(start, end)
+
+
+def _reference(ratio: np.ndarray, mask: np.ndarray) -> float:
+    ok = mask & np.isfinite(ratio)
+    if ok.sum() < max(MIN_REFERENCE_STEPS, 0.05 * len(ratio)):
+        return float("nan")
+    return float(np.median(ratio[ok]))
+
+
+def _machine(run: Run) -> dict:
+    """Per sample: busy cores, the process's cores, others' cores (clipped at 0)."""
+    c = run.counters
+    nan = float("nan")
+    out = {"cores": None, "others": None, "busy": None, "others_mean": nan, "busy_mean": nan,
+           "process_mean": nan, "steal_mean": nan, "runnable_mean": nan}  # fmt: skip
+    if not len(c):
+        return out
+    name = c["name"].astype(str)
+    core = c[(name == "cpu_util_pct").to_numpy()]
+    proc = c[(name == "process_cpu_pct").to_numpy()]
+    if len(core):
+        out["cores"] = int(core["scope"].nunique())
+        busy = core.groupby("ts_ns")["value"].sum() / 100.0
+        out["busy"] = busy
+        out["busy_mean"] = float(busy.mean())
+        if len(proc):
+            p = proc.groupby("ts_ns")["value"].mean() / 100.0
+            joined = pd.concat([busy, p], axis=1, keys=["busy", "proc"]).dropna()
+            others = (joined["busy"] - joined["proc"]).clip(lower=0.0)
+            out["others"] = others
+            out["others_mean"] = float(others.mean()) if len(others) else nan
+            out["process_mean"] = float(p.mean())
+    for key, counter, scale in (("steal_mean", "cpu_steal_pct", 100.0),
+                                ("runnable_mean", "procs_running", 1.0)):  # fmt: skip
+        sel = c[(name == counter).to_numpy()]
+        if len(sel):
+            out[key] = float(sel["value"].mean() / scale)
+    return out
+
+
+def _at_steps(series: pd.Series | None, t_ns: np.ndarray) -> np.ndarray:
+    """The sample covering each time (the first sample at or after it: samples report
+    the interval since the previous one)."""
+    if series is None or not len(series):
+        return np.full(len(t_ns), np.nan)
+    ts = series.index.to_numpy(np.int64)
+    at = np.searchsorted(ts, t_ns.astype(np.int64), side="left")
+    ok = at < len(ts)
+    out = np.full(len(t_ns), np.nan)
+    out[ok] = series.to_numpy()[at[ok]]
+    return out
