@@ -10,6 +10,8 @@ from ..analyzers.impact import uniform_impact
 from .facts import Fact, TriageContext, Unavailable, ev, fact, finite, ms, share
 from .facts_latency import impact_evidence, itl_impact, ttft_impact
 
+UNEXPLAINED_WARNING = 0.25  # share of step time beyond the model with no recorded reason
+
 _REASON_ADVICE = {
     "probe": "Measure latency on a run without the profiler window (keep --profile-steps "
     "for op detail).",
@@ -125,7 +127,12 @@ def step_inflation(ctx: TriageContext) -> Fact | Unavailable:
     worst_steps = tuple(str(i) for i in per["step_id"].head(5))
     ids = (IdList("step", "most time beyond the model", worst_steps),)
     value = value if finite(value) else 0.0
-    return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity)
+    severity = impact.max_severity
+    if top == "unexplained" and value < UNEXPLAINED_WARNING:
+        # Nothing the run recorded coincides with it: a note (with the steps to profile),
+        # not a cause, unless the model misses a large share of the engine's time.
+        severity = "info"
+    return Fact(value, evidence, ids, impact=value, max_severity=severity)
 
 
 @fact(
