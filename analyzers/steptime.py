@@ -112,16 +112,6 @@ class StepTimeline:
         share = np.divide(p, total, out=np.zeros(len(pos)), where=total > 0)
         return np.where(pos >= 0, share, np.nan)
 
-    def work_share(self, pos: np.ndarray, tokens: np.ndarray, weights: WorkWeights) -> np.ndarray:
-        """Fraction of the steps' work that `tokens` prefill tokens of one request were."""
-        total = (
-            self.prefill_tokens[pos] * weights.prefill_weight
-            + self.decode_seqs[pos] * weights.decode_weight
-        )
-        own = tokens * weights.prefill_weight
-        share = np.divide(own, total, out=np.ones(len(pos)), where=total > 0)
-        return np.where(pos >= 0, np.clip(share, 0.0, 1.0), np.nan)
-
 
 @dataclass(frozen=True)
 class StepParts:
