@@ -107,8 +107,8 @@ def attribute_itl(
         parts["probe_s"] = np.where(known, held_out, 0.0)
         if steps is not None:
             busy = steps.busy_between(t_prev, cut)
-            host = np.where(known, np.maximum((cut - t_prev) - busy, 0.0), 0.0)
-            held = np.minimum(stalls.between(t_prev, cut), host)
+            host = np.where(known, (cut - t_prev) - busy, 0.0)
+            held = np.minimum(stalls.between(t_prev, cut), np.maximum(host, 0.0))
             parts["host_gap_s"] = host - held
             parts["probe_s"] = parts["probe_s"] + held
     gap = t - t_prev
