@@ -91,10 +91,10 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
     switches = s["involuntary_switches"].to_numpy("float64", na_value=np.nan)
     ratio = cpu / wall
     rate = switches / (wall / NS)
-    machine = _machine(run)
-    cores = machine["cores"]
-    others_at = _at_steps(machine["others"], timeline.end + timeline.origin_ns)
-    busy_at = _at_steps(machine["busy"], timeline.end + timeline.origin_ns)
+    machine = _samples(run)
+    cores = machine.cores
+    others_at = _at_steps(machine.others, timeline.end + timeline.origin_ns)
+    busy_at = _at_steps(machine.busy, timeline.end + timeline.origin_ns)
     crowded = (others_at >= OTHERS_SHARE * (cores or np.inf)) & (
         busy_at >= SATURATED * (cores or np.inf)
     )
@@ -122,12 +122,12 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
     )
     return HostConditions(
         cores=cores,
-        others_cores=machine["others_mean"],
-        others_share=machine["others_mean"] / cores if cores else float("nan"),
-        machine_busy_share=machine["busy_mean"] / cores if cores else float("nan"),
-        process_cores=machine["process_mean"],
-        steal_share=machine["steal_mean"],
-        runnable=machine["runnable_mean"],
+        others_cores=_mean(machine.others),
+        others_share=_mean(machine.others) / cores if cores else float("nan"),
+        machine_busy_share=_mean(machine.busy) / cores if cores else float("nan"),
+        process_cores=_mean(machine.process),
+        steal_share=_mean(machine.steal),
+        runnable=_mean(machine.runnable),
         step_cpu_ratio=float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan"),
         reference_ratio=float(np.nanmedian(reference)),
         switches_per_s=float(np.nanmedian(rate)) if np.isfinite(rate).any() else float("nan"),
@@ -230,35 +230,41 @@ def _reference(ratio: np.ndarray, mask: np.ndarray) -> float:
     return float(np.median(ratio[ok]))
 
 
-def _machine(run: Run) -> dict:
-    """Per sample: busy cores, the process's cores, others' cores (clipped at 0)."""
+@dataclass(frozen=True)
+class _Samples:
+    """The sampler's CPU counters, per sample time (None: not recorded)."""
+
+    cores: int | None = None
+    busy: pd.Series | None = None  # busy cores
+    process: pd.Series | None = None  # the process's cores
+    others: pd.Series | None = None  # busy − process, clipped at 0
+    steal: pd.Series | None = None  # share of CPU time stolen
+    runnable: pd.Series | None = None  # runnable threads on the machine
+
+
+def _samples(run: Run) -> _Samples:
     c = run.counters
-    nan = float("nan")
-    out = {"cores": None, "others": None, "busy": None, "others_mean": nan, "busy_mean": nan,
-           "process_mean": nan, "steal_mean": nan, "runnable_mean": nan}  # fmt: skip
     if not len(c):
-        return out
-    name = c["name"].astype(str)
-    core = c[(name == "cpu_util_pct").to_numpy()]
-    proc = c[(name == "process_cpu_pct").to_numpy()]
-    if len(core):
-        out["cores"] = int(core["scope"].nunique())
-        busy = core.groupby("ts_ns")["value"].sum() / 100.0
-        out["busy"] = busy
-        out["busy_mean"] = float(busy.mean())
-        if len(proc):
-            p = proc.groupby("ts_ns")["value"].mean() / 100.0
-            joined = pd.concat([busy, p], axis=1, keys=["busy", "proc"]).dropna()
-            others = (joined["busy"] - joined["proc"]).clip(lower=0.0)
-            out["others"] = others
-            out["others_mean"] = float(others.mean()) if len(others) else nan
-            out["process_mean"] = float(p.mean())
-    for key, counter, scale in (("steal_mean", "cpu_steal_pct", 100.0),
-                                ("runnable_mean", "procs_running", 1.0)):  # fmt: skip
-        sel = c[(name == counter).to_numpy()]
-        if len(sel):
-            out[key] = float(sel["value"].mean() / scale)
-    return out
+        return _Samples()
+    name = c["name"].astype(str).to_numpy()
+
+    def series(counter: str, scale: float, how: str = "mean") -> pd.Series | None:
+        sel = c[name == counter]
+        return sel.groupby("ts_ns")["value"].agg(how) / scale if len(sel) else None
+
+    busy = series("cpu_util_pct", 100.0, "sum")
+    process = series("process_cpu_pct", 100.0)
+    others = None
+    if busy is not None and process is not None:
+        joined = pd.concat([busy, process], axis=1, keys=["busy", "proc"]).dropna()
+        others = (joined["busy"] - joined["proc"]).clip(lower=0.0)
+    cores = c[name == "cpu_util_pct"]["scope"].nunique() if busy is not None else None
+    return _Samples(int(cores) if cores else None, busy, process, others,
+                    series("cpu_steal_pct", 100.0), series("procs_running", 1.0))  # fmt: skip
+
+
+def _mean(series: pd.Series | None) -> float:
+    return float(series.mean()) if series is not None and len(series) else float("nan")
 
 
 def _at_steps(series: pd.Series | None, t_ns: np.ndarray) -> np.ndarray:

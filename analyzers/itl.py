@@ -197,11 +197,11 @@ def _split_steps(parts, lc, g, steps: StepTimeline, sp: StepParts, own_pos, own_
     inside = sp.between(t_prev, cut)
     decode = own("fixed", "decode")
     interference = own("prefill")
-    inflation = own("residual")
-    # Steps the request sat out inside the gap: others' work, and their residual.
+    # Steps the request sat out inside the gap are others' work; every step's residual in
+    # the gap, its own or sat out, is inflation.
     others = np.maximum(inside["fixed"] + inside["prefill"] + inside["decode"] - decode
                         - interference, 0.0)  # fmt: skip
-    inflation = np.maximum(inside["residual"], inflation)
+    inflation = inside["residual"]
     preempted = _preempted_in_gap(lc, g)
     parts["decode_s"] = np.where(preempted, 0.0, decode)
     parts["interference_s"] = np.where(preempted, 0.0, interference + others)

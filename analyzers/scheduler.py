@@ -23,7 +23,7 @@ from .steptime import StepTimeline
 
 NS = 1e9
 LIMITS = ("max_num_seqs", "token_budget", "kv_blocks", "preemption", "swapped", "none")
-KV_FULL = 0.9
+KV_FULL = 0.9  # a pool this full cannot admit more
 
 
 @dataclass(frozen=True)
@@ -147,8 +147,11 @@ class BindingLimits:
         return max(LIMITS, key=lambda k: self.shares.get(k, 0.0))
 
 
-def binding_limits(steps: pd.DataFrame, engine_limits: dict) -> BindingLimits | None:
-    """Which limit held waiting requests back in each step; None without queue depths."""
+def binding_limits(
+    steps: pd.DataFrame, cap: int | None, budget: int | None
+) -> BindingLimits | None:
+    """Which limit held waiting requests back in each step (`cap`: max_num_seqs,
+    `budget`: max_num_batched_tokens, as recorded); None without queue depths."""
     if not len(steps) or steps["num_waiting"].isna().all():
         return None
     s = steps.drop_duplicates("step_id").sort_values("start_ns", kind="stable")
@@ -156,7 +159,6 @@ def binding_limits(steps: pd.DataFrame, engine_limits: dict) -> BindingLimits | 
     used = s["kv_blocks_used"].to_numpy("float64", na_value=np.nan)
     pool = used + s["kv_blocks_free"].to_numpy("float64", na_value=np.nan)
     kv = np.divide(used, pool, out=np.full(len(s), np.nan), where=pool > 0)
-    cap, budget = engine_limits.get("max_num_seqs"), engine_limits.get("max_num_batched_tokens")
     recorded = "blocked_by" in s and s["blocked_by"].notna().any()
     if recorded:
         limit = s["blocked_by"].astype(object).where(s["blocked_by"].notna(), "none").to_numpy()

@@ -29,6 +29,7 @@ from .itl import ItlAttribution, attribute_itl
 from .lifecycle import Lifecycle, Missing, build_lifecycle
 from .load import LoadChecks, load_checks
 from .metrics import ServingMetrics, delivery_gaps, serving_metrics
+from .run_config import engine_setting
 from .scheduler import BindingLimits, Composition, Preemptions, binding_limits, composition
 from .scheduler import preemptions as find_preemptions
 from .slo import Slo
@@ -93,7 +94,12 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
         if cost is not None
         else Missing("inflation", (f"{MIN_STEPS}+ steps",))
     )
-    limits = binding_limits(run.steps, _engine_limits(run))
+    config = run.manifest.config
+    limits = binding_limits(
+        run.steps,
+        engine_setting(config, "max_seqs", "scheduler", "max_num_seqs"),
+        engine_setting(config, "max_batched_tokens", "scheduler", "max_num_batched_tokens"),
+    )
     common = dict(
         composition=comp,
         step_cost=step_cost,
@@ -151,19 +157,6 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
         fairness=fair,
         timings=tuple(timings),
     )
-
-
-def _engine_limits(run: Run) -> dict:
-    """The scheduler limits the run recorded (perfdiag run's options, or the engine's
-    own configuration)."""
-    config = run.manifest.config or {}
-    engine = (config.get("run_options") or {}).get("engine") or {}
-    sched = (config.get("engine_config") or {}).get("scheduler") or {}
-    return {
-        "max_num_seqs": engine.get("max_seqs", sched.get("max_num_seqs")),
-        "max_num_batched_tokens": engine.get("max_batched_tokens",
-                                             sched.get("max_num_batched_tokens")),
-    }  # fmt: skip
 
 
 def to_jsonable(obj):

@@ -95,7 +95,7 @@ class Scheduler:
             return out
         budget = self._swap_in(out, budget)
         if self.swapped:
-            out.blocked_by = "swapped"
+            out.blocked_by = "swapped" if self.waiting else ""
         else:
             self._admit(out, budget, now_ns)
         return out

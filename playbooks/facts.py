@@ -22,7 +22,9 @@ import numpy as np
 import pandas as pd
 
 from ..analyzers.findings import Evidence, IdList
+from ..analyzers.impact import Impact, impact_of
 from ..analyzers.lifecycle import Missing
+from ..analyzers.run_config import engine_setting
 from ..analyzers.serving import ServingAnalysis, analyze_serving
 from ..traces.reader import Run
 
@@ -123,6 +125,10 @@ class TriageContext:
         m = self.get("metrics")
         return m.goodput.slo if m is not None and m.goodput is not None else None
 
+    def engine_setting(self, option: str, section: str, key: str):
+        """An engine setting as the run recorded it (analyzers/run_config.py)."""
+        return engine_setting(self.config, option, section, key)
+
     @property
     def run_options(self) -> dict:
         opts = self.config.get("run_options")
@@ -204,3 +210,31 @@ def worst(
 
 def finite(x) -> bool:
     return x is not None and isinstance(x, int | float) and math.isfinite(x)
+
+
+def impact_evidence(impact: Impact, metric: str) -> tuple:
+    """Evidence of how much removing a cause would move the metric (analyzers/impact.py)."""
+    out = (
+        ev("mean_gain", f"mean {metric} without it", -impact.mean_gain, "%"),
+        ev("tail_gain", f"p99 {metric} without it", -impact.tail_gain, "%"),
+    )
+    if impact.slo_gain is not None:
+        out += (ev("slo_gain", "requests it alone makes miss the SLO", impact.slo_gain, "%"),)
+    return out
+
+
+def ttft_impact(ctx: TriageContext, per_request, part: str) -> Impact:
+    """Removing one TTFT part from each request, against the SLO's TTFT bound if any."""
+    slo = ctx.slo
+    target = slo.ttft_s if slo is not None else None
+    return impact_of(per_request["ttft_s"].to_numpy(), per_request[part].to_numpy(), target)
+
+
+def itl_impact(ctx: TriageContext, per_gap, column: str) -> Impact:
+    """Per gap against an ITL bound; per request (its mean gap) against a TPOT bound."""
+    slo = ctx.slo
+    if slo is not None and slo.itl_s is None and slo.tpot_s is not None:
+        by = per_gap.groupby("code", sort=False)[["gap_s", column]].mean()
+        return impact_of(by["gap_s"].to_numpy(), by[column].to_numpy(), slo.tpot_s)
+    target = slo.itl_s if slo is not None else None
+    return impact_of(per_gap["gap_s"].to_numpy(), per_gap[column].to_numpy(), target)

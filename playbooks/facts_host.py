@@ -7,8 +7,19 @@ from __future__ import annotations
 from ..analyzers.findings import IdList
 from ..analyzers.host import REASONS
 from ..analyzers.impact import uniform_impact
-from .facts import Fact, TriageContext, Unavailable, ev, fact, finite, ms, share
-from .facts_latency import impact_evidence, itl_impact, ttft_impact
+from .facts import (
+    Fact,
+    TriageContext,
+    Unavailable,
+    ev,
+    fact,
+    finite,
+    impact_evidence,
+    itl_impact,
+    ms,
+    share,
+    ttft_impact,
+)
 
 UNEXPLAINED_WARNING = 0.25  # share of step time beyond the model with no recorded reason
 

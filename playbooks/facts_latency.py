@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analyzers.impact import Impact, impact_of
 from ..analyzers.itl import CAUSES
 from ..analyzers.ttft import PARTS
-from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, ms, share, worst
+from .facts import (
+    Fact,
+    Param,
+    TriageContext,
+    Unavailable,
+    ev,
+    fact,
+    impact_evidence,
+    itl_impact,
+    ms,
+    share,
+    ttft_impact,
+    worst,
+)
 
 _PART_LABEL = {
     "input_s": "input processing",
@@ -30,32 +42,6 @@ _LIMIT_LABEL = {
     "swapped": "swapped requests first",
     "none": "nothing (arrived mid-step)",
 }
-
-
-def impact_evidence(impact: Impact, metric: str) -> tuple:
-    out = (
-        ev("mean_gain", f"mean {metric} without it", -impact.mean_gain, "%"),
-        ev("tail_gain", f"p99 {metric} without it", -impact.tail_gain, "%"),
-    )
-    if impact.slo_gain is not None:
-        out += (ev("slo_gain", "requests it alone makes miss the SLO", impact.slo_gain, "%"),)
-    return out
-
-
-def ttft_impact(ctx: TriageContext, per_request, part: str) -> Impact:
-    slo = ctx.slo
-    target = slo.ttft_s if slo is not None else None
-    return impact_of(per_request["ttft_s"].to_numpy(), per_request[part].to_numpy(), target)
-
-
-def itl_impact(ctx: TriageContext, per_gap, column: str) -> Impact:
-    """Per gap against an ITL bound; per request (its mean gap) against a TPOT bound."""
-    slo = ctx.slo
-    if slo is not None and slo.itl_s is None and slo.tpot_s is not None:
-        by = per_gap.groupby("code", sort=False)[["gap_s", column]].mean()
-        return impact_of(by["gap_s"].to_numpy(), by[column].to_numpy(), slo.tpot_s)
-    target = slo.itl_s if slo is not None else None
-    return impact_of(per_gap["gap_s"].to_numpy(), per_gap[column].to_numpy(), target)
 
 
 @fact(
@@ -264,8 +250,8 @@ def _interference_advice(ctx: TriageContext) -> tuple:
     size at which a chunk costs no more than a decode step (so a decode's gap at most
     doubles), what the worst gap then becomes, and what the longest prompt pays for it.
     Never suggests what is in effect already or a change in the wrong direction."""
-    engine = ctx.run_options.get("engine") or {}
-    chunk, budget = engine.get("chunk_size"), engine.get("max_batched_tokens")
+    chunk = _chunk_size(ctx)
+    budget = ctx.engine_setting("max_batched_tokens", "scheduler", "max_num_batched_tokens")
     cost, comp = ctx.get("step_cost"), ctx.get("composition")
     prompts = ctx.run.requests["prompt_tokens"].to_numpy("float64", na_value=np.nan)
     longest = int(np.nanmax(prompts)) if np.isfinite(prompts).any() else None
@@ -312,14 +298,22 @@ def _interference_advice(ctx: TriageContext) -> tuple:
             ev("budget_advice", "token budget", budget_text))  # fmt: skip
 
 
-def _chunking(ctx: TriageContext) -> str:
+def _chunk_size(ctx: TriageContext) -> int | None:
+    """Tokens per prefill chunk; None when chunked prefill is off or not recorded."""
     engine = ctx.run_options.get("engine") or {}
     if "chunk_size" in engine:
-        size = engine["chunk_size"]
-        return "off" if size is None else f"{size} tokens per step"
+        return engine["chunk_size"]
     sched = (ctx.config.get("engine_config") or {}).get("scheduler") or {}
-    if "enable_chunked_prefill" in sched:
-        return (
-            f"{sched['chunk_size']} tokens per step" if sched["enable_chunked_prefill"] else "off"
-        )
-    return "unknown"
+    return sched.get("chunk_size") if sched.get("enable_chunked_prefill") else None
+
+
+def _chunking(ctx: TriageContext) -> str:
+    size = _chunk_size(ctx)
+    if size is not None:
+        return f"{size} tokens per step"
+    recorded = "chunk_size" in (
+        ctx.run_options.get("engine") or {}
+    ) or "enable_chunked_prefill" in (
+        (ctx.config.get("engine_config") or {}).get("scheduler") or {}
+    )
+    return "off" if recorded else "unknown"

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 
 from ..analyzers.findings import IdList
+from ..analyzers.scheduler import KV_FULL
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
 
-KV_FULL = 0.9  # a pool this full cannot admit more
 GAP_CAUSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
 
 
@@ -274,13 +274,6 @@ def ranks(ctx: TriageContext) -> Fact:
 
 
 # -- step 5 --------------------------------------------------------------------------------
-def _engine_setting(ctx: TriageContext, option: str, section: str, key: str):
-    engine = ctx.run_options.get("engine") or {}
-    if option in engine:
-        return engine[option]
-    return ((ctx.config.get("engine_config") or {}).get(section) or {}).get(key)
-
-
 @fact(
     "prefix_reuse_missed",
     provides=(
@@ -307,7 +300,7 @@ def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
     length = spec.get("length") if isinstance(spec, dict) else None
     if not length:
         return Unavailable("the run does not record its shared-prefix length")
-    block = _engine_setting(ctx, "block_size", "cache", "block_size") or 1
+    block = ctx.engine_setting("block_size", "cache", "block_size") or 1
     prompt = grouped["prompt_tokens"].to_numpy("float64", na_value=np.nan)
     reusable = np.minimum(length // block * block, np.nan_to_num(prompt) - 1).clip(min=0)
     first = ~grouped["prefix_group"].duplicated().to_numpy()  # the first of each group computes it
@@ -318,7 +311,7 @@ def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
     value = share(missed, total)
     cache = ctx.get("cache")
     per_token = cache.cost_per_prefill_token_s if cache is not None else float("nan")
-    setting = _engine_setting(ctx, "prefix_cache", "cache", "enable_prefix_caching")
+    setting = ctx.engine_setting("prefix_cache", "cache", "enable_prefix_caching")
     evidence = (
         ev("groups", "prefix groups", int(grouped["prefix_group"].nunique())),
         ev("grouped", "requests in a group", len(grouped)),

@@ -145,13 +145,12 @@ def test_binding_limits_recorded_by_the_engine_and_inferred():
             ),
         }
     )
-    got = binding_limits(steps, {"max_num_seqs": 4, "max_num_batched_tokens": 68})
+    got = binding_limits(steps, cap=4, budget=68)
     assert got.source == "engine" and got.steps_with_queue == 4
     assert got.shares["max_num_seqs"] == 0.5 and got.shares["token_budget"] == 0.25
     assert got.shares["none"] == 0.25 and got.binding == "max_num_seqs"
     assert got.kv_peak_share == pytest.approx(0.95)
-    limits = {"max_num_seqs": 8, "max_num_batched_tokens": 68}
-    inferred = binding_limits(steps.drop(columns="blocked_by"), limits)
+    inferred = binding_limits(steps.drop(columns="blocked_by"), cap=8, budget=68)
     assert inferred.source == "inferred"
     # step 0: 66 tokens < 68, step 1: 68 = budget, step 2: none, step 4: KV 95 % full
     expected = {"max_num_seqs": 0, "token_budget": 0.25, "kv_blocks": 0.25, "preemption": 0,

@@ -79,12 +79,9 @@ class Scenario:
 
     def options(self, requests: int | None = None, rate: float | None = None) -> RunOptions:
         if self.readme:
-            base = dataclasses.asdict(load_workload(DEFAULT_WORKLOAD))
-            base = {k: v for k, v in base.items() if k in _WORKLOAD} | {
-                "arrival": ArrivalSpec(**base["arrival"]),
-                "prompt_len": LengthSpec(**base["prompt_len"]),
-                "output_len": LengthSpec(**base["output_len"]),
-            }
+            spec = load_workload(DEFAULT_WORKLOAD)
+            base = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+            del base["name"]
             engine, probes = EngineOptions(**self.engine), ProbeOptions(**self.probes)
         else:
             base = _WORKLOAD
