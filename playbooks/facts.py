@@ -88,6 +88,7 @@ def load_registry() -> dict[str, FactSpec]:
         facts_latency,
         facts_load,
         facts_resources,
+        facts_scheduling,
     )
 
     return FACTS
@@ -128,6 +129,15 @@ class TriageContext:
     def engine_setting(self, option: str, section: str, key: str):
         """An engine setting as the run recorded it (analyzers/run_config.py)."""
         return engine_setting(self.config, option, section, key)
+
+    @property
+    def chunk_size(self) -> int | None:
+        """Tokens per prefill chunk; None when chunked prefill is off or not recorded."""
+        engine = self.run_options.get("engine") or {}
+        if "chunk_size" in engine:
+            return engine["chunk_size"]
+        sched = (self.config.get("engine_config") or {}).get("scheduler") or {}
+        return sched.get("chunk_size") if sched.get("enable_chunked_prefill") else None
 
     @property
     def run_options(self) -> dict:

@@ -62,6 +62,7 @@ _LIMIT_LABEL = {
         "binding_pct",
         "limits",
         "kv_peak_pct",
+        "chunking",
     ),
     part=Param(str, choices=PARTS),
     min_steps=Param(float, 0.0),
@@ -89,6 +90,7 @@ def ttft_part_share(ctx: TriageContext, part: str, min_steps: float) -> Fact | U
         ev("tail_share", "share in the p99 tail", share(tail_part, t.p99.ttft_s), "%"),
         ev("requests", "requests decomposed", t.mean.requests),
         ev("step_ms", "mean step", ms(step_s), "ms"),
+        ev("chunking", "chunked prefill", _chunking(ctx)),
     )
     impact = ttft_impact(ctx, t.per_request, part)
     evidence += impact_evidence(impact, "TTFT")
@@ -250,7 +252,7 @@ def _interference_advice(ctx: TriageContext) -> tuple:
     size at which a chunk costs no more than a decode step (so a decode's gap at most
     doubles), what the worst gap then becomes, and what the longest prompt pays for it.
     Never suggests what is in effect already or a change in the wrong direction."""
-    chunk = _chunk_size(ctx)
+    chunk = ctx.chunk_size
     budget = ctx.engine_setting("max_batched_tokens", "scheduler", "max_num_batched_tokens")
     cost, comp = ctx.get("step_cost"), ctx.get("composition")
     prompts = ctx.run.requests["prompt_tokens"].to_numpy("float64", na_value=np.nan)
@@ -298,17 +300,8 @@ def _interference_advice(ctx: TriageContext) -> tuple:
             ev("budget_advice", "token budget", budget_text))  # fmt: skip
 
 
-def _chunk_size(ctx: TriageContext) -> int | None:
-    """Tokens per prefill chunk; None when chunked prefill is off or not recorded."""
-    engine = ctx.run_options.get("engine") or {}
-    if "chunk_size" in engine:
-        return engine["chunk_size"]
-    sched = (ctx.config.get("engine_config") or {}).get("scheduler") or {}
-    return sched.get("chunk_size") if sched.get("enable_chunked_prefill") else None
-
-
 def _chunking(ctx: TriageContext) -> str:
-    size = _chunk_size(ctx)
+    size = ctx.chunk_size
     if size is not None:
         return f"{size} tokens per step"
     recorded = "chunk_size" in (

@@ -255,6 +255,32 @@ SCENARIOS: tuple[Scenario, ...] = (
         variant_of="host-bound",
     ),
     Scenario(
+        "chunk-too-small",
+        "long prompts sliced into 16-token chunks",
+        "chunk-too-small",
+        engine=dict(chunk_size=16),
+        workload=dict(
+            requests=32,
+            arrival=_open(4.0),
+            prompt_len=_len("uniform:192:384"),
+            output_len=_len("uniform:8:24"),
+        ),
+    ),
+    Scenario(
+        "token-budget-too-small",
+        "a token budget of 48 per step under long prompts, closed loop",
+        "chunk-too-small",
+        engine=dict(max_batched_tokens=48, chunk_size=512),
+        workload=dict(
+            requests=32,
+            seed=7,
+            arrival=_closed(3),
+            prompt_len=_len("lognormal:224:0.3:96:480"),
+            output_len=_len("uniform:8:16"),
+        ),
+        variant_of="chunk-too-small",
+    ),
+    Scenario(
         "prefix-cache-off",
         "shared-prefix workload with prefix caching off",
         "prefix-not-reused",
