@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint format bench clean
+.PHONY: setup run test lint format bench diagnosis-fast clean
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,9 @@ bench: setup
 	$(BIN)/python benchmarks/http_client.py
 	$(BIN)/python benchmarks/export.py
 	$(BIN)/python -m benchmarks.diagnosis
+
+diagnosis-fast: setup
+	$(BIN)/python -m benchmarks.diagnosis --fast
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -10,13 +10,14 @@ scheduled → the step that admitted it, plus any wait after a preemption).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from .distribution import Dist
 from .lifecycle import Lifecycle
+from .steady_state import INTERNAL
 
 HOT_SHARE = 0.5
 LONGEST = 10
@@ -36,6 +37,8 @@ class Fairness:
     classes: tuple[ClassWait, ...]  # the classes present
     cold_over_hot_p50: float  # median cold wait / median hot wait (NaN without both)
     longest: pd.DataFrame  # request_id, prefix_group, hotness, queue_wait_s, ttft_s
+    # The same for every measured request (the checks read it; not a table of its own).
+    per_request: pd.DataFrame = field(default=None, metadata=INTERNAL)
 
 
 def hotness(prefix_group: np.ndarray) -> np.ndarray:
@@ -80,4 +83,4 @@ def fairness(lc: Lifecycle, ttft_parts: pd.DataFrame, select: np.ndarray) -> Fai
     both = "cold" in p50 and "hot" in p50 and p50["hot"] > 0
     ratio = p50["cold"] / p50["hot"] if both else np.nan
     longest = frame.sort_values("queue_wait_s", ascending=False, ignore_index=True).head(LONGEST)
-    return Fairness(tuple(classes), float(ratio), longest)
+    return Fairness(tuple(classes), float(ratio), longest, frame)

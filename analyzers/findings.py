@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..traces.layout import RESULTS_DIR
+from .actions import Action
 from .serving import to_jsonable
 
 FINDINGS_FILE = "findings.json"
@@ -80,6 +81,7 @@ class Finding:
     impact: float  # 0..1: the share of the problem this finding explains
     consequence_of: str | None = None  # a fired check this one follows from
     rank: int = 0  # 1 = the top finding
+    action: Action | None = None  # the first recommendation as a change a re-run can apply
 
 
 @dataclass(frozen=True)

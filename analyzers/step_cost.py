@@ -1,16 +1,21 @@
 """The run's step cost model: what each engine step should have cost, from its batch.
 
-    dur ≈ fixed + a·prefill_tokens + b·decode_seqs + c·context_tokens
+    dur ≈ fixed + s·prefill_chunks + a·prefill_tokens + b·decode_seqs + c·context_tokens
 
 fitted robustly (Huber's M-estimator by iteratively reweighted least squares, scale from
 the median absolute deviation), so that a few stalled steps — a GC pause, a contended
-CPU, a profiler starting — neither bend the per-unit costs nor hide. A term whose
-coefficient comes out negative is dropped and the rest refitted: no batch makes a step
-cheaper by holding more work.
+CPU, a profiler starting — neither bend the per-unit costs nor hide. The terms kept are
+the subset whose prices all come out non-negative (no batch makes a step cheaper by
+holding more work) that Schwarz's criterion prefers: a run whose chunks are all alike
+cannot tell a chunk's cost from its tokens', and then keeps one of them.
+
+`s` is what each prompt's chunk in a step costs beyond its tokens (its own attention
+call, positions, masks): a prompt cut into n chunks pays it n times, so it is part of
+the price of slicing, not of the prompt.
 
 Every attribution uses the model. A step's measured time splits into
 - `fixed`: what any step costs (scheduling, launches, weights read once),
-- `prefill`: its prefill tokens at the marginal cost a,
+- `prefill`: its prefill chunks and tokens (s, a), of which `chunk` is the chunks' part,
 - `decode`: its decoding sequences and the context they read (b, c),
 - `residual`: measured − predicted, kept apart only for *inflated* steps, whose residual
   exceeds INFLATED_SIGMAS robust standard deviations and INFLATED_SHARE of the
@@ -22,6 +27,8 @@ explained elsewhere (analyzers/host.py) by what the run recorded at that moment.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +44,7 @@ INFLATED_SIGMAS = 3.0
 INFLATED_SHARE = 0.2  # and at least this much above the prediction
 TRUSTED_R2 = 0.5
 TRUSTED_REL_ERROR = 0.15  # or: the median step is predicted this well
-TERMS = ("fixed", "prefill_tokens", "decode_seqs", "context_tokens")
+TERMS = ("fixed", "prefill_chunks", "prefill_tokens", "decode_seqs", "context_tokens")
 OUTLIER_COLUMNS = ("step_id", "dur_s", "predicted_s", "residual_s", "num_prefill_tokens",
                    "num_decode_seqs")  # fmt: skip
 
@@ -45,10 +52,11 @@ OUTLIER_COLUMNS = ("step_id", "dur_s", "predicted_s", "residual_s", "num_prefill
 @dataclass(frozen=True)
 class StepCostModel:
     fixed_s: float
+    per_prefill_chunk_s: float  # per prompt chunk in a step, beyond its tokens
     per_prefill_token_s: float
     per_decode_seq_s: float
     per_context_token_s: float
-    terms: tuple[str, ...]  # the terms kept (a negative coefficient drops its term)
+    terms: tuple[str, ...]  # the terms kept (see the module docstring)
     r2: float  # over the steps that are not inflated
     median_rel_error: float  # median |measured − predicted| / predicted
     residual_sigma_s: float  # robust (1.4826 × MAD)
@@ -77,10 +85,17 @@ class StepCostModel:
     def inflated_share(self) -> float:
         return self.inflated_s / self.busy_s if self.busy_s > 0 else float("nan")
 
-    def predict_s(self, prefill_tokens=0.0, decode_seqs=0.0, context_tokens=0.0):
+    @property
+    def slice_cost_s(self) -> float:
+        """What one more step of a sliced prompt costs beyond its tokens: a step's fixed
+        cost plus a chunk's."""
+        return self.fixed_s + self.per_prefill_chunk_s
+
+    def predict_s(self, prefill_tokens=0.0, decode_seqs=0.0, context_tokens=0.0, chunks=0.0):
         """Predicted step time of a batch (arrays broadcast)."""
         return (
             self.fixed_s
+            + self.per_prefill_chunk_s * np.asarray(chunks, dtype=np.float64)
             + self.per_prefill_token_s * np.asarray(prefill_tokens, dtype=np.float64)
             + self.per_decode_seq_s * np.asarray(decode_seqs, dtype=np.float64)
             + self.per_context_token_s * np.asarray(context_tokens, dtype=np.float64)
@@ -94,23 +109,41 @@ def fit_step_cost(timeline: StepTimeline | None) -> StepCostModel | None:
     x = np.column_stack(
         (
             np.ones(len(timeline)),
+            timeline.prefill_seqs,
             timeline.prefill_tokens,
             timeline.decode_seqs,
             timeline.context_tokens,
         )
     )
     y = (timeline.end - timeline.start) / NS
-    keep = np.ones(x.shape[1], dtype=bool)
-    keep[1:] = np.abs(x[:, 1:]).max(axis=0) > 0  # a term no step has carries no cost
-    while True:
+    present = np.abs(x[:, 1:]).max(axis=0) > 0  # a term no step has carries no cost
+    subsets = {(True, *(a & b for a, b in zip(pick, present, strict=True)))
+               for pick in itertools.product((False, True), repeat=len(present))}  # fmt: skip
+    fits = {}
+    for subset in subsets:
+        keep = np.array(subset)
         coef_kept, weight = huber_fit(x[:, keep], y)
-        negative = [i for i, c in zip(np.flatnonzero(keep), coef_kept, strict=True) if c < 0 and i]
-        if not negative:
-            break
-        keep[negative[0]] = False
+        if not (coef_kept[1:] < 0).any():  # no batch makes a step cheaper by holding more work
+            fits[subset] = (keep, coef_kept, weight)
+    # One robust scale for every candidate (the fullest fit's), so their losses compare.
+    full = max(fits, key=sum)
+    scale = max(_mad(y - x[:, fits[full][0]] @ fits[full][1]), 1e-12)
+    _, (keep, coef_kept, weight) = min(
+        fits.items(), key=lambda kv: (_robust_bic(y - x[:, kv[1][0]] @ kv[1][1], scale, sum(kv[0])),
+                                      sum(kv[0]))
+    )  # fmt: skip
     coef = np.zeros(x.shape[1])
     coef[keep] = coef_kept
     return _model(timeline, x, y, coef, keep, weight)
+
+
+def _robust_bic(resid: np.ndarray, scale: float, terms: int) -> float:
+    """Schwarz's criterion on Huber's loss: which terms the steps can tell apart (more
+    terms always fit a little better; each must pay log n to stay). Every step counts,
+    the few prefill steps among many decodes too, and none counts more than linearly."""
+    u = np.abs(resid) / scale
+    loss = np.where(u <= HUBER_K, 0.5 * u**2, HUBER_K * u - 0.5 * HUBER_K**2).sum()
+    return 2.0 * float(loss) + terms * math.log(len(resid))
 
 
 def huber_fit(x: np.ndarray, y: np.ndarray, iters: int = 50) -> tuple[np.ndarray, np.ndarray]:
@@ -134,8 +167,9 @@ def huber_fit(x: np.ndarray, y: np.ndarray, iters: int = 50) -> tuple[np.ndarray
 
 def _model(timeline, x, y, coef, keep, weight) -> StepCostModel:
     fixed = np.full(len(y), coef[0])
-    prefill = coef[1] * x[:, 1]
-    decode = coef[2] * x[:, 2] + coef[3] * x[:, 3]
+    chunk = coef[1] * x[:, 1]
+    prefill = chunk + coef[2] * x[:, 2]
+    decode = coef[3] * x[:, 3] + coef[4] * x[:, 4]
     predicted = fixed + prefill + decode
     resid = y - predicted
     sigma = _mad(resid)
@@ -145,6 +179,7 @@ def _model(timeline, x, y, coef, keep, weight) -> StepCostModel:
     no_model = predicted <= 0  # degenerate fit: the whole step is overhead
     fixed = np.where(no_model, y, fixed * scale)
     prefill, decode = np.where(no_model, 0, prefill * scale), np.where(no_model, 0, decode * scale)
+    chunk = np.where(no_model, 0, chunk * scale)
     residual = np.where(inflated, resid, 0.0)
     fitted = ~inflated
     ss_res = float((resid[fitted] ** 2).sum())
@@ -159,20 +194,22 @@ def _model(timeline, x, y, coef, keep, weight) -> StepCostModel:
             "predicted_s": predicted,
             "fixed_s": fixed,
             "prefill_s": prefill,
+            "chunk_s": chunk,  # of prefill_s
             "decode_s": decode,
             "residual_s": residual,
             "inflated": inflated,
-            "num_prefill_tokens": x[:, 1],
-            "num_decode_seqs": x[:, 2],
+            "num_prefill_tokens": x[:, 2],
+            "num_decode_seqs": x[:, 3],
         }
     )
     outliers = per_step[inflated].sort_values("residual_s", ascending=False, ignore_index=True)
     trusted = bool(r2 >= TRUSTED_R2 or rel_err <= TRUSTED_REL_ERROR)
     return StepCostModel(
         fixed_s=float(coef[0]),
-        per_prefill_token_s=float(coef[1]),
-        per_decode_seq_s=float(coef[2]),
-        per_context_token_s=float(coef[3]),
+        per_prefill_chunk_s=float(coef[1]),
+        per_prefill_token_s=float(coef[2]),
+        per_decode_seq_s=float(coef[3]),
+        per_context_token_s=float(coef[4]),
         terms=tuple(t for t, k in zip(TERMS, keep, strict=True) if k),
         r2=float(r2),
         median_rel_error=rel_err,

@@ -124,6 +124,9 @@ class StepParts:
     prefill: np.ndarray
     decode: np.ndarray
     residual: np.ndarray
+    # Of `prefill`: what the prompts' chunks cost beyond their tokens (the cost model's
+    # per-chunk term), paid once per chunk; zeros without a model.
+    chunk: np.ndarray | None = None
 
     NAMES = ("fixed", "prefill", "decode", "residual")
 
@@ -141,7 +144,8 @@ class StepParts:
         # The model's parts add up to the measured step; the timeline may have trimmed an
         # overlap (end clipped to the next start): scale to the timeline's duration.
         k = np.divide(dur, total, out=np.zeros(len(dur)), where=total > 0)
-        return cls(timeline, *(p * k for p in parts))
+        chunk = ps["chunk_s"].to_numpy(np.float64) * 1e9 * k
+        return cls(timeline, *(p * k for p in parts), chunk=chunk)
 
     @classmethod
     def by_weights(cls, timeline: StepTimeline, weights: WorkWeights) -> StepParts:
@@ -153,6 +157,8 @@ class StepParts:
         return cls(timeline, zero, dur * share, dur * (1 - share), zero.copy())
 
     def __post_init__(self) -> None:
+        if self.chunk is None:
+            object.__setattr__(self, "chunk", np.zeros(len(self.fixed)))
         for name in self.NAMES:
             cum = np.concatenate(([0.0], np.cumsum(getattr(self, name))))
             object.__setattr__(self, f"_cum_{name}", cum)

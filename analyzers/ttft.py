@@ -121,6 +121,8 @@ def decompose_ttft(
     frame["client_wait_s"] = (t0 - rr["t_created"].to_numpy()) / NS
     for k in PARTS:
         frame[k] = parts[k] / NS
+    # Of step_overhead_s, the chunks beyond each prompt's first (chunk-too-small reads it).
+    frame["extra_chunks_s"] = parts.get("extra_chunks_s", np.zeros(n)) / NS
     total = frame[list(PARTS)].sum(axis=1).to_numpy()
     ttft = frame["ttft_s"].to_numpy()
     err = np.abs(total - ttft) / np.where(ttft > 0, ttft, 1.0)
@@ -188,8 +190,19 @@ def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, sp: StepParts, idx
     of = sp.of(pos)
     in_step = steps.prefill_tokens[pos]
     mine_share = np.divide(tokens, in_step, out=np.ones(len(pos)), where=in_step > 0)
-    own = np.bincount(c_li, frac * of["prefill"] * np.clip(mine_share, 0, 1), minlength=n)
-    overhead = np.bincount(c_li, frac * of["fixed"], minlength=n)
+    # A prompt needs one chunk: its first chunk's own cost (beyond its tokens) is its
+    # prefill; every further chunk's is the price of slicing, overhead like the step's
+    # fixed cost. The rest of the step's prefill is shared by tokens.
+    seqs = np.maximum(steps.prefill_seqs[pos], 1.0)
+    chunk_cost = frac * sp.chunk[pos] / seqs
+    tokens_part = np.maximum(of["prefill"] - sp.chunk[pos], 0.0)
+    order = np.lexsort((steps.start[pos], c_li))
+    first = np.zeros(len(pos), dtype=bool)
+    first[order[np.r_[True, c_li[order][1:] != c_li[order][:-1]]] if len(pos) else []] = True
+    own_part = frac * tokens_part * np.clip(mine_share, 0, 1) + np.where(first, chunk_cost, 0.0)
+    own = np.bincount(c_li, own_part, minlength=n)
+    extra_chunks = np.bincount(c_li, np.where(first, 0.0, chunk_cost), minlength=n)
+    overhead = np.bincount(c_li, frac * of["fixed"], minlength=n) + extra_chunks
 
     others = np.maximum(inside["fixed"] + inside["prefill"] + inside["decode"] - own - overhead, 0)
     inflation = inside["residual"]
@@ -205,6 +218,7 @@ def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, sp: StepParts, idx
     parts["cache_load_s"] = cache
     parts["prefill_own_s"] = own
     parts["step_overhead_s"] = overhead
+    parts["extra_chunks_s"] = extra_chunks  # of step_overhead_s: chunks beyond the first
     parts["prefill_others_s"] = others * keep
     parts["inflation_s"] = inflation * keep
     parts["probe_s"] = held

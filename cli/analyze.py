@@ -55,6 +55,22 @@ def analyze(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print metrics.json (findings are in findings.json).")
     ] = False,
+    verify_advice: Annotated[
+        bool,
+        typer.Option(
+            "--verify-advice",
+            help="Apply the top finding's advice (perfdiag run --like RUN with its options), "
+            "re-run, and compare the metric it targets.",
+        ),
+    ] = False,
+    finding: Annotated[
+        str | None,
+        typer.Option(help="With --verify-advice: this check's advice instead of the top one."),
+    ] = None,
+    verify_out: Annotated[
+        Path | None,
+        typer.Option(help="With --verify-advice: the re-run's directory [RUN-verify-CHECK]."),
+    ] = None,
 ) -> None:
     """Triage a run: what is wrong, with evidence, and what to try next."""
     from ..analyzers.findings import write_findings
@@ -70,6 +86,8 @@ def analyze(
 
     if slo and slo_file:
         raise ConfigError("give --slo or --slo-file, not both")
+    if (finding or verify_out) and not verify_advice:
+        raise ConfigError("--finding and --verify-out go with --verify-advice")
     target = parse_slo(slo) if slo else load_slo_file(slo_file) if slo_file else None
     book = load_playbook(playbook)
     scenarios = load_scenarios(book)
@@ -106,6 +124,13 @@ def analyze(
         print_tables(result)
     if written:
         out.print(f"written: {', '.join(str(p) for p in written)}", highlight=False)
+    if verify_advice:
+        from .verify_view import verify_and_print
+
+        def analyze_again(run):
+            return TriageContext(run, analyze_serving(run, target, steady=not full_run))
+
+        verify_and_print(ctx, triage, finding, verify_out, analyze_again)
 
 
 def _report(triage, ctx):

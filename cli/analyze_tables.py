@@ -278,7 +278,8 @@ def _scheduler(c, cost, pre) -> None:
         f"{_num(c.mean_prefill_tokens, 1)} / {_num(c.mean_decode_seqs, 1)}",
     )
     if not isinstance(cost, Missing):
-        t.add_row("step cost: fixed (ms)", _ms(cost.fixed_s))
+        t.add_row("step cost: fixed / per prompt chunk (ms)",
+                  f"{_ms(cost.fixed_s)} / {_ms(cost.per_prefill_chunk_s)}")  # fmt: skip
         t.add_row(
             "  per prefill token / decode seq / context token (µs)",
             f"{_num(cost.per_prefill_token_s * 1e6, 3)} / {_num(cost.per_decode_seq_s * 1e6, 3)}"

@@ -70,6 +70,12 @@ def _finding(f, details: bool) -> None:
         )
     for r in f.recommendations[:2]:
         out.print(f"   [green]try:[/] {escape(r)}", highlight=False)
+    if f.action is not None and f.action.kind == "run":
+        out.print(
+            f"   [dim]check it: perfdiag analyze RUN --verify-advice --finding {f.check} "
+            f"(re-runs with {escape(f.action.flags)})[/]",
+            highlight=False,
+        )
 
 
 def _steps(triage) -> None:

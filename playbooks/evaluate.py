@@ -90,6 +90,7 @@ def _finding(check: Check, step: int, step_title: str, severity: str, fact: Fact
         figures=check.figures,
         value=_plain(fact.value),
         impact=float(fact.impact) if fact.impact == fact.impact else 0.0,
+        action=fact.action,
     )
 
 

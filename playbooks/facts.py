@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analyzers.actions import Action
 from ..analyzers.findings import Evidence, IdList
 from ..analyzers.impact import Impact, impact_of
 from ..analyzers.lifecycle import Missing
@@ -40,6 +41,7 @@ class Fact:
     # The loudest finding the fact's impact on user-facing metrics allows (analyzers/
     # impact.py); None: the check's thresholds alone decide.
     max_severity: str | None = None
+    action: Action | None = None  # the advice as a concrete change (analyzers/actions.py)
 
     def values(self) -> dict[str, Any]:
         return {e.name: e.value for e in self.evidence} | {"value": self.value}

@@ -4,6 +4,7 @@ Arithmetic in analyzers/host.py and analyzers/step_cost.py."""
 
 from __future__ import annotations
 
+from ..analyzers.actions import other_action
 from ..analyzers.findings import IdList
 from ..analyzers.host import REASONS
 from ..analyzers.impact import uniform_impact
@@ -81,7 +82,10 @@ def host_contention(ctx: TriageContext) -> Fact | Unavailable:
     lost = tuple(str(i) for i in worst_steps["step_id"])
     ids = (IdList("step", "most time lost to other processes", lost),)
     value = h.lost_share
-    return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity)
+    action = other_action(
+        "environment", "ttft.p50", "Re-run on a quiet machine, or on cores no other process uses."
+    )
+    return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity, action=action)
 
 
 @fact(

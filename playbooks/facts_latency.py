@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analyzers.actions import Action, Setting, other_action, run_action
 from ..analyzers.itl import CAUSES
 from ..analyzers.ttft import PARTS
+from .advice import NO_ADVICE, kv_advice, seq_cap_advice, token_budget_advice
 from .facts import (
     Fact,
     Param,
@@ -33,6 +35,12 @@ _PART_LABEL = {
     "host_gap_s": "host gaps between steps",
     "sample_return_s": "sampling and return",
     "remainder_s": "unexplained",
+}
+# Parts whose fix is a code change, not a setting: shown, never applied by a re-run.
+_CODE_ACTIONS = {
+    "input_s": other_action(
+        "code", "ttft.p50", "Profile and speed up tokenisation and validation, off the event loop."
+    ),
 }
 _LIMIT_LABEL = {
     "max_num_seqs": "the sequence cap",
@@ -63,24 +71,32 @@ _LIMIT_LABEL = {
         "limits",
         "kv_peak_pct",
         "chunking",
+        "inherent_ms",
+        "limit_advice",
     ),
     part=Param(str, choices=PARTS),
-    min_steps=Param(float, 0.0),
+    inherent_steps=Param(float, 0.0),
 )
-def ttft_part_share(ctx: TriageContext, part: str, min_steps: float) -> Fact | Unavailable:
+def ttft_part_share(ctx: TriageContext, part: str, inherent_steps: float) -> Fact | Unavailable:
     """Share of the mean TTFT spent in one part of its critical path (input processing,
-    engine queue, others' prefill, host gaps, sampling and return, …); 0 when the part
-    lasts less than `min_steps` mean step durations (a request arriving mid-step waits
-    for that step to end: up to one step of queue is inherent, not a problem)."""
+    engine queue, others' prefill, host gaps, sampling and return, …), less the first
+    `inherent_steps` mean step durations of it in each request (a request arriving
+    mid-step waits for that step to end: up to one step of queue is inherent)."""
     t = ctx.get("ttft")
     if t is None:
         return ctx.missing("ttft")
     if not t.engine_events or t.mean.requests == 0:
         return Unavailable("no request has engine events to decompose its TTFT")
-    mean_part, tail_part = getattr(t.mean, part), getattr(t.p99, part)
     comp = ctx.get("composition")
     step_s = comp.busy_s / comp.steps if comp is not None and comp.steps else 0.0
-    value = share(mean_part, t.mean.ttft_s) if mean_part >= min_steps * step_s else 0.0
+    per_request = t.per_request
+    inherent = inherent_steps * step_s
+    if inherent > 0:
+        avoidable = np.maximum(per_request[part].to_numpy("float64") - inherent, 0.0)
+        per_request = per_request.assign(**{part: avoidable})
+    mean_part = float(per_request[part].mean()) if inherent > 0 else getattr(t.mean, part)
+    tail_part = getattr(t.p99, part)
+    value = share(mean_part, t.mean.ttft_s)
     evidence = (
         ev("part", "part", _PART_LABEL[part]),
         ev("part_ms", f"mean {_PART_LABEL[part]}", ms(mean_part), "ms"),
@@ -92,17 +108,23 @@ def ttft_part_share(ctx: TriageContext, part: str, min_steps: float) -> Fact | U
         ev("step_ms", "mean step", ms(step_s), "ms"),
         ev("chunking", "chunked prefill", _chunking(ctx)),
     )
-    impact = ttft_impact(ctx, t.per_request, part)
+    evidence += (ev("inherent_ms", "inherent wait left out, per request", ms(inherent), "ms"),)
+    impact = ttft_impact(ctx, per_request, part)
     evidence += impact_evidence(impact, "TTFT")
+    action = _CODE_ACTIONS.get(part)
     if part == "queue_s":
-        evidence += _limits_evidence(ctx)
+        limits, (advice, action) = _limits_evidence(ctx)
+        evidence += (*limits, ev("limit_advice", "advice", advice))
     ids = (worst(t.per_request, part, f"most {_PART_LABEL[part]}"),)
     impact_share = value if np.isfinite(value) else 0.0
-    return Fact(value, evidence, ids, impact=impact_share, max_severity=impact.max_severity)
+    return Fact(
+        value, evidence, ids, impact=impact_share, max_severity=impact.max_severity, action=action
+    )
 
 
-def _limits_evidence(ctx: TriageContext) -> tuple:
-    """Which scheduler limit held waiting requests back, with how often (step 3's queue)."""
+def _limits_evidence(ctx: TriageContext) -> tuple[tuple, tuple[str, Action | None]]:
+    """Which scheduler limit held waiting requests back, with how often (step 3's queue),
+    and the advice for the one that held most."""
     lim = ctx.get("limits")
     if lim is None or not lim.steps_with_queue:
         return (
@@ -110,7 +132,7 @@ def _limits_evidence(ctx: TriageContext) -> tuple:
             ev("binding_pct", "of steps with a queue", 0.0, "%"),
             ev("limits", "limits", "no step ended with a queue"),
             ev("kv_peak_pct", "peak KV use", lim.kv_peak_share if lim else None, "%"),
-        )
+        ), NO_ADVICE
     shares = sorted(((v, k) for k, v in lim.shares.items() if v > 0), reverse=True)
     limits = ", ".join(f"{_LIMIT_LABEL[k]} {v:.0%}" for v, k in shares)
     values = {"max_num_seqs": lim.max_num_seqs, "token_budget": lim.token_budget}
@@ -118,12 +140,17 @@ def _limits_evidence(ctx: TriageContext) -> tuple:
     named = _LIMIT_LABEL[binding]
     if values.get(binding):
         named += f" ({values[binding]})"
+    advice = {
+        "max_num_seqs": lambda: seq_cap_advice(ctx, lim),
+        "token_budget": lambda: token_budget_advice(ctx, lim),
+        "kv_blocks": lambda: kv_advice(ctx),
+    }.get(binding, lambda: NO_ADVICE)()
     return (
         ev("binding", "limit that held the queue", named),
         ev("binding_pct", "of steps with a queue", lim.shares[binding], "%"),
         ev("limits", f"limits in the {lim.steps_with_queue} steps with a queue", limits),
         ev("kv_peak_pct", "peak KV use", lim.kv_peak_share, "%"),
-    )
+    ), advice
 
 
 @fact("ttft_overhead", provides=("ttft_ms", "own_ms"))
@@ -231,8 +258,10 @@ def itl_tail_share(
     )
     impact = itl_impact(ctx, itl.per_gap, f"{cause}_s")
     evidence += impact_evidence(impact, "ITL")
+    action = None
     if cause == "interference":
-        evidence += _interference_advice(ctx)
+        advice, action = _interference_advice(ctx)
+        evidence += advice
     ids = [worst(itl.per_gap, f"{cause}_s", f"largest {cause.replace('_', ' ')} in a gap")]
     comp = ctx.get("composition")
     if cause == "interference" and comp is not None:
@@ -244,10 +273,11 @@ def itl_tail_share(
         tuple(ids),
         impact=value if np.isfinite(value) else 0.0,
         max_severity=impact.max_severity,
+        action=action,
     )
 
 
-def _interference_advice(ctx: TriageContext) -> tuple:
+def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None]:
     """Concrete knobs for prefill interference, priced by the step cost model: the chunk
     size at which a chunk costs no more than a decode step (so a decode's gap at most
     doubles), what the worst gap then becomes, and what the longest prompt pays for it.
@@ -262,12 +292,16 @@ def _interference_advice(ctx: TriageContext) -> tuple:
         f"now: {_chunking(ctx)})."
     )
     if cost is None or comp is None or not cost.trusted or cost.per_prefill_token_s <= 0:
-        return (ev("chunk_advice", "chunking", generic), ev("budget_advice", "token budget", ""))
+        return (
+            ev("chunk_advice", "chunking", generic),
+            ev("budget_advice", "token budget", ""),
+        ), None
     a = cost.per_prefill_token_s
     decode_step = cost.fixed_s + cost.per_decode_seq_s * max(comp.mean_decode_seqs, 1.0)
+    per_chunk = cost.per_prefill_chunk_s
     sizes = [x for x in (chunk, budget, longest) if x]
     effective = min(sizes) if sizes else None
-    best = max(16, int(decode_step / a) // 16 * 16)
+    best = max(16, int(max(decode_step - per_chunk, 0.0) / a) // 16 * 16)
     if effective is None or best >= effective:
         text = (
             f"Chunks are already at most {effective} tokens (chunk {_chunking(ctx)}, longest "
@@ -275,17 +309,19 @@ def _interference_advice(ctx: TriageContext) -> tuple:
             "remains is the prompts' own cost: serve shared prefixes from the cache, shorten "
             "prompts, or send long prompts to a replica of their own."
         )
-        return (ev("chunk_advice", "chunking", text), ev("budget_advice", "token budget", ""))
-    now_ms, then_ms = ms(decode_step + effective * a), ms(decode_step + best * a)
+        return (ev("chunk_advice", "chunking", text), ev("budget_advice", "token budget", "")), None
+    now_ms = ms(decode_step + per_chunk + effective * a)
+    then_ms = ms(decode_step + per_chunk + best * a)
     knob = f"now {chunk}" if chunk else "chunked prefill is off now"
-    text = f"Set --chunk-size {best} ({knob}): a chunk then costs about {ms(best * a):.0f} ms "
+    text = f"Set --chunk-size {best} ({knob}): a chunk then costs about "
+    text += f"{ms(per_chunk + best * a):.0f} ms "
     text += f"beside a {ms(decode_step):.0f} ms decode step, so a decode's worst gap should "
     text += f"fall from about {now_ms:.0f} to {then_ms:.0f} ms"
     if longest:
         extra = -(-longest // best) - -(-longest // effective)
         text += (
             f"; the longest prompt ({longest} tokens) then takes {extra} more steps, about "
-            f"{ms(extra * cost.fixed_s):.0f} ms more TTFT"
+            f"{ms(extra * cost.slice_cost_s):.0f} ms more TTFT"
         )
     cap = best + int(np.ceil(max(comp.mean_decode_seqs, 1.0)))
     budget_text = ""
@@ -296,8 +332,11 @@ def _interference_advice(ctx: TriageContext) -> tuple:
             f"Also bound every step's prefill: --max-batched-tokens {cap} (now {budget}): "
             f"{shared:.0%} of prefill steps held several prompts' chunks."
         )
+    expect = f"worst gap about {then_ms:.0f} ms instead of {now_ms:.0f} ms"
+    # The first advice is the chunk; the budget is the second.
+    action = run_action("itl.p99", Setting("engine.chunk_size", chunk, best), expect=expect)
     return (ev("chunk_advice", "chunking", text + "."),
-            ev("budget_advice", "token budget", budget_text))  # fmt: skip
+            ev("budget_advice", "token budget", budget_text)), action  # fmt: skip
 
 
 def _chunking(ctx: TriageContext) -> str:

@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
-from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, worst
+import numpy as np
+import pandas as pd
+
+from ..analyzers.actions import Setting, run_action
+from .advice import NO_ADVICE, seq_cap_advice
+from .facts import (
+    Fact,
+    Param,
+    TriageContext,
+    Unavailable,
+    ev,
+    fact,
+    finite,
+    impact_evidence,
+    ms,
+    share,
+    ttft_impact,
+    worst,
+)
 
 UNCAPPED_WAIT_S = 10e-3  # a run that does not say how it was driven: waits above this count
 
@@ -26,6 +44,7 @@ def _arrival(ctx: TriageContext) -> dict:
         "wait_p99_ms",
         "total_wait_s",
         "needed",
+        "cap_advice",
     ),
 )
 def back_pressure(ctx: TriageContext) -> Fact | Unavailable:
@@ -57,10 +76,28 @@ def back_pressure(ctx: TriageContext) -> Fact | Unavailable:
         ev("total_wait_s", "total client wait", bp.total_wait_s, "s"),
         ev("needed", "in flight the target needs (rate × time in system)", needed),
     )
+    action, text = None, ""
+    if bp.concurrency_cap is not None and finite(needed) and needed > 0:
+        # In flight at a Poisson rate is about Poisson(needed): a cap at its 99th
+        # percentile (needed + 2.33 √needed) holds back about 1 % of requests.
+        cap_to = math.ceil(needed + 2.33 * math.sqrt(needed))
+        if cap_to > bp.concurrency_cap:
+            text = (
+                f"Set --concurrency {cap_to} (now {bp.concurrency_cap}): the target needs "
+                f"about {needed:.1f} requests in flight, and a cap at {cap_to} holds back "
+                "about 1 % of them."
+            )
+            action = run_action(
+                "due_e2e.p50",
+                Setting("workload.concurrency", bp.concurrency_cap, cap_to),
+                expect="the client wait gone; the engine sees the target rate",
+            )
+    evidence += (ev("cap_advice", "advice", text),)
     ids = (
         () if per_request is None else (worst(per_request, "client_wait_s", "longest client wait"),)
     )
-    return Fact(float(value), evidence, ids, impact=float(np.clip(shortfall, 0.0, 1.0)))
+    impact = float(np.clip(shortfall, 0.0, 1.0))
+    return Fact(float(value), evidence, ids, impact=impact, action=action)
 
 
 @fact("client_behind_schedule", provides=("planned_rps", "offered_rps", "late_pct", "late_p99_ms"))
@@ -95,6 +132,7 @@ def client_behind_schedule(ctx: TriageContext) -> Fact | Unavailable:
         "excess_pct",
         "mean_waiting",
         "sent",
+        "capacity_advice",
     ),
     min_requests=Param(int, 8),
 )
@@ -147,8 +185,31 @@ def wait_growth(ctx: TriageContext, min_requests: int) -> Fact | Unavailable:
         ev("mean_waiting", "mean engine waiting queue", sat.mean_waiting if sat else None),
         ev("sent", "measured requests", int(ok.sum())),
     )
+    advice, action = _capacity_advice(ctx, completion_rps) if growth > 0 else NO_ADVICE
+    evidence += (ev("capacity_advice", "advice", advice),)
     ids = (worst(pr[ok], "ttft_s", "longest TTFT"),)
-    return Fact(growth, evidence, ids, impact=growth / (1 + growth))
+    return Fact(growth, evidence, ids, impact=growth / (1 + growth), action=action)
+
+
+def _capacity_advice(ctx: TriageContext, completion_rps: float):
+    """More capacity where the scheduler's own cap is what binds and memory allows it;
+    otherwise a rate the engine sustains (80 % of what it completed)."""
+    lim = ctx.get("limits")
+    if lim is not None and lim.binding == "max_num_seqs":
+        text, action = seq_cap_advice(ctx, lim)
+        if action is not None:
+            return text, action
+    rate = _arrival(ctx).get("rate")
+    if not finite(completion_rps) or completion_rps <= 0 or not rate:
+        return NO_ADVICE
+    to = round(0.8 * completion_rps, 1)
+    text = (
+        f"Set --rate {to:g} (now {rate:g}): the engine completed {completion_rps:.1f} req/s "
+        "at this configuration, so 80 % of that leaves it headroom; more load needs more "
+        "capacity (replicas, a faster engine)."
+    )
+    setting = Setting("workload.rate", float(rate), to)
+    return text, run_action("ttft.p50", setting, expect="a TTFT that no longer grows")
 
 
 @fact("littles_law_gap", provides=("client_l", "lambda_w", "engine_l"))
@@ -167,3 +228,102 @@ def littles_law_gap(ctx: TriageContext) -> Fact | Unavailable:
         ev("engine_l", "L (engine)", ll.engine_in_system),
     )
     return Fact(ll.lambda_w_vs_client, evidence, impact=min(1.0, ll.lambda_w_vs_client))
+
+
+@fact(
+    "burst_queueing",
+    provides=("arrival_rps", "completion_rps", "peak_rps", "ca2", "cs2", "ca2_noise",
+              "queue_ms", "ttft_ms", "requests", "burst_advice", "mean_gain", "tail_gain",
+              "slo_gain"),
+)  # fmt: skip
+def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
+    """Share of the mean TTFT that is queue wait caused by arrivals burstier than a
+    Poisson stream at the same mean rate: load shape, not capacity. Kingman's
+    approximation (G/G/1: wait ∝ (ca² + cs²) / 2) splits the queue wait by where its
+    variability comes from; the part (ca² − 1) / (ca² + cs²) would be gone with Poisson
+    arrivals. 0 unless ca² exceeds 1 by more than twice its sampling noise (≈ 2.8 / √n
+    for n Poisson gaps)."""
+    m, t = ctx.get("metrics"), ctx.get("ttft")
+    if m is None or t is None:
+        return ctx.missing("metrics" if m is None else "ttft")
+    if _arrival(ctx).get("mode") == "closed":
+        return Unavailable("a closed loop sends when a request ends: its arrivals have no shape")
+    pr = m.per_request
+    ok = ~pr["is_warmup"].to_numpy(bool)
+    sent = np.sort(pr["sent_ns"].to_numpy("float64", na_value=np.nan)[ok])
+    sent = sent[np.isfinite(sent)] / 1e9
+    if len(sent) < 16:
+        return Unavailable("fewer than 16 measured requests with a send time")
+    gaps = np.diff(sent)
+    ca2 = float(gaps.var() / gaps.mean() ** 2) if gaps.mean() > 0 else float("nan")
+    noise = 2.8 / math.sqrt(len(gaps))
+    parts = t.per_request
+    comp = ctx.get("composition")
+    step_s = comp.busy_s / comp.steps if comp is not None and comp.steps else 0.0
+    # Less the step a request arriving mid-step must wait for (see ttft_part_share).
+    queue = np.maximum(parts["queue_s"].to_numpy("float64") - step_s, 0.0)
+    # Service: the time a request holds its place in the batch (E2E less its queue).
+    by_id = pd.Series(pr["e2e_s"].to_numpy("float64"), index=pr["request_id"].astype(str))
+    e2e = by_id.reindex(parts["request_id"].astype(str)).to_numpy("float64")
+    service = e2e - parts["queue_s"].to_numpy("float64")
+    service = service[np.isfinite(service) & (service > 0)]
+    service_time = float(service.mean()) if len(service) else float("nan")
+    cs2 = float(service.var() / service_time**2) if len(service) else 0.0
+    bursty = finite(ca2) and ca2 > 1.0 + 2 * noise
+    from_shape = (ca2 - 1.0) / (ca2 + cs2) if bursty else 0.0
+    frame = parts.assign(burst_s=queue * from_shape)
+    value = share(float(frame["burst_s"].mean()), t.mean.ttft_s)
+    value = value if finite(value) else 0.0
+    span = sent[-1] - sent[0]
+    window = max(service_time, 1e-3) if finite(service_time) else 1.0
+    counts = np.searchsorted(sent, sent + window) - np.arange(len(sent))
+    thr = ctx.serving.metrics.throughput.requests_per_s
+    impact = ttft_impact(ctx, frame, "burst_s")
+    lim = ctx.get("limits")
+    advice, action = NO_ADVICE
+    if value > 0 and lim is not None and lim.binding == "max_num_seqs":
+        advice, action = seq_cap_advice(ctx, lim)
+    if value > 0 and not advice:
+        advice = (
+            f"Pace arrivals at the gateway (bursts reached {counts.max() / window:.1f} req/s "
+            f"against {thr:.1f} completed per second), or provision for the burst peak, not "
+            "the mean."
+        )
+    evidence = (
+        ev("arrival_rps", "mean arrival rate", (len(sent) - 1) / span if span > 0 else None,
+           "req/s"),
+        ev("completion_rps", "completion rate", thr, "req/s"),
+        ev("peak_rps", f"peak arrivals over {ms(window):.0f} ms", counts.max() / window, "req/s"),
+        ev("ca2", "arrival variability ca² (Poisson: 1)", ca2),
+        ev("cs2", "service variability cs²", cs2),
+        ev("ca2_noise", "sampling noise of ca²", noise),
+        ev("queue_ms", "mean queue wait", ms(float(np.mean(queue))), "ms"),
+        ev("ttft_ms", "mean TTFT", ms(t.mean.ttft_s), "ms"),
+        ev("requests", "measured requests", len(sent)),
+        ev("burst_advice", "advice", advice),
+        *impact_evidence(impact, "TTFT"),
+    )  # fmt: skip
+    ids = (worst(frame, "burst_s", "most queue wait from bursts"),)
+    return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity, action=action)
+
+
+@fact("schedule_vs_target", provides=("target_rps", "planned_rps", "requests", "noise_pct"))
+def schedule_vs_target(ctx: TriageContext) -> Fact | Unavailable:
+    """How far the drawn send schedule's rate is from the target rate (|1 − planned /
+    target|): a short random schedule offers another load than the one asked for; its
+    relative noise is about 1 / √n for n Poisson arrivals."""
+    load = ctx.get("load")
+    if load is None:
+        return ctx.missing("load")
+    o = load.offered
+    if not finite(o.planned_rate_rps) or not o.target_rate_rps:
+        return Unavailable("no target rate and send schedule (a closed loop, or not recorded)")
+    n = ctx.get("metrics").outcomes.requests if ctx.get("metrics") is not None else 0
+    value = abs(1.0 - o.planned_rate_rps / o.target_rate_rps)
+    evidence = (
+        ev("target_rps", "target rate", o.target_rate_rps, "req/s"),
+        ev("planned_rps", "rate of the drawn schedule", o.planned_rate_rps, "req/s"),
+        ev("requests", "requests", n),
+        ev("noise_pct", "expected deviation (1 / √n)", 1 / math.sqrt(n) if n else None, "%"),
+    )
+    return Fact(value, evidence, impact=0.0)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..analyzers.actions import Setting, other_action, run_action
 from ..analyzers.findings import IdList
 from ..analyzers.scheduler import KV_FULL
+from .advice import NO_ADVICE, kv_advice
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
 
 GAP_CAUSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
@@ -99,7 +101,10 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
     worst_steps = (
         worst(frame, "host_s", "most host time (in the step and after it)", "step", 5, "step_id"),
     )
-    return Fact(value, evidence, worst_steps, impact=value if finite(value) else 0.0)
+    action = other_action(
+        "code", "itl.p50", "Profile the step loop's host code; overlap it with the forward pass."
+    )
+    return Fact(value, evidence, worst_steps, impact=value if finite(value) else 0.0, action=action)
 
 
 @fact(
@@ -114,6 +119,7 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         "waiting_s",
         "pool_blocks",
         "kv_peak_pct",
+        "kv_advice",
     ),
 )
 def preemption_rate(ctx: TriageContext) -> Fact | Unavailable:
@@ -144,17 +150,19 @@ def preemption_rate(ctx: TriageContext) -> Fact | Unavailable:
         ),
         ev("kv_peak_pct", "peak KV use", peak, "%"),
     )
+    advice, action = kv_advice(ctx) if pre.count else NO_ADVICE
+    evidence += (ev("kv_advice", "advice", advice),)
     per = pre.per_preemption
     counts = per["request_id"].value_counts().rename_axis("request_id").reset_index(name="n")
     ids = [worst(counts, "n", "preempted most often")]
     if len(steps):
         ids.append(worst(steps, "num_preempted", "most preemptions", "step", 5, "step_id"))
-    return Fact(value, evidence, tuple(ids), impact=min(1.0, value))
+    return Fact(value, evidence, tuple(ids), impact=min(1.0, value), action=action)
 
 
 @fact(
     "kv_full_share",
-    provides=("pool_blocks", "full_pct", "waiting_when_full", "steps"),
+    provides=("pool_blocks", "full_pct", "waiting_when_full", "steps", "kv_advice"),
     full=Param(float, KV_FULL),
 )
 def kv_full_share(ctx: TriageContext, full: float) -> Fact | Unavailable:
@@ -180,7 +188,9 @@ def kv_full_share(ctx: TriageContext, full: float) -> Fact | Unavailable:
         ),
         ev("steps", "steps", len(steps)),
     )
-    return Fact(value, evidence, impact=value)
+    advice, action = kv_advice(ctx) if value > 0 else NO_ADVICE
+    evidence += (ev("kv_advice", "advice", advice),)
+    return Fact(value, evidence, impact=value, action=action)
 
 
 def _timeline_frames(ctx: TriageContext):
@@ -329,8 +339,19 @@ def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
             "request", "grouped requests with no hit", tuple(zero["request_id"].astype(str).head(5))
         ),
     )
+    action = None
+    if setting is False:
+        action = run_action(
+            "ttft.p50",
+            Setting("engine.prefix_cache", False, True),
+            expect=f"about {ms(missed * per_token):.0f} ms less prefill in all",
+        )
     return Fact(
-        value if finite(value) else 0.0, evidence, ids, impact=value if finite(value) else 0.0
+        value if finite(value) else 0.0,
+        evidence,
+        ids,
+        impact=value if finite(value) else 0.0,
+        action=action,
     )
 
 

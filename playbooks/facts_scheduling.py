@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analyzers.actions import Action, Setting, run_action
 from ..analyzers.findings import IdList
+from .advice import NO_ADVICE
 from .facts import (
     Fact,
     TriageContext,
@@ -19,11 +21,12 @@ from .facts import (
 )
 
 OVERHEAD_TARGET = 0.2  # a chunk whose fixed step cost is at most a fifth of its cost
+UNPRICED_STEP = 8  # how far to enlarge a slice whose tokens the model cannot price
 
 
 @fact(
     "chunk_overhead",
-    provides=("chunk", "steps_per_prefill", "overhead_ms", "ttft_ms", "fixed_ms",
+    provides=("chunk", "steps_per_prefill", "overhead_ms", "ttft_ms", "fixed_ms", "chunk_ms",
               "per_token_us", "advice", "mean_gain", "tail_gain", "slo_gain"),
 )  # fmt: skip
 def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
@@ -33,19 +36,22 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     t, cost = ctx.get("ttft"), ctx.get("step_cost")
     if t is None:
         return ctx.missing("ttft")
-    if cost is None or cost.per_prefill_token_s <= 0 or cost.fixed_s <= 0:
-        return Unavailable("the step cost model cannot price a prefill token for this run")
+    if cost is None or cost.slice_cost_s <= 0:
+        return Unavailable("the step cost model prices no step or chunk overhead for this run")
     pr = t.per_request
     e = ctx.run.request_events
     chunks = e[(e["kind"] == "prefill_chunk").to_numpy() & (e["side"] == "engine").to_numpy()]
     n = chunks.groupby("request_id", observed=True).size()
     steps = n.reindex(pr["request_id"].astype(str)).fillna(1).to_numpy(np.float64)
     steps = np.maximum(steps, 1.0)
-    avoidable = pr["step_overhead_s"].to_numpy() * (steps - 1) / steps
+    # Beyond the first step: its fixed cost in every further step, every further chunk's.
+    extra = pr["extra_chunks_s"].to_numpy()
+    avoidable = (pr["step_overhead_s"].to_numpy() - extra) * (steps - 1) / steps + extra
     frame = pr.assign(avoidable_overhead_s=avoidable)
     value = share(float(avoidable.mean()), t.mean.ttft_s) if len(pr) else 0.0
     impact = ttft_impact(ctx, frame, "avoidable_overhead_s")
     chunk = ctx.chunk_size
+    advice, action = _slice_advice(ctx, cost, chunk, ctx.get("composition"))
     evidence = (
         ev("chunk", "prefill chunk", f"{chunk} tokens" if chunk else "whole prompts"),
         ev("steps_per_prefill", "steps per prompt (mean)", float(steps.mean())),
@@ -53,25 +59,26 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
            "ms"),
         ev("ttft_ms", "mean TTFT", ms(t.mean.ttft_s), "ms"),
         ev("fixed_ms", "fixed cost per step", ms(cost.fixed_s), "ms"),
+        ev("chunk_ms", "cost per chunk beyond its tokens", ms(cost.per_prefill_chunk_s), "ms"),
         ev("per_token_us", "per prefill token", cost.per_prefill_token_s * 1e6, "µs"),
-        ev("advice", "advice", _slice_advice(ctx, cost, chunk, ctx.get("composition"))),
+        ev("advice", "advice", advice),
         *impact_evidence(impact, "TTFT"),
     )  # fmt: skip
     most = frame.assign(n=steps).nlargest(5, "n")["request_id"].astype(str)
     ids = (IdList("request", "most steps per prompt", tuple(most)),)
     value = value if np.isfinite(value) else 0.0
-    return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity)
+    return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity, action=action)
 
 
-def _slice_advice(ctx, cost, chunk, comp) -> str:
+def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:
     """What cuts prompts into many steps — the chunk size or the token budget (whichever
     is smaller) — and the value at which a step's fixed cost is at most OVERHEAD_TARGET
     of a slice's cost, bounded by the longest prompt; what it saves and what a slice
-    then costs decodes. Empty when no larger slice is possible."""
-    a, f = cost.per_prefill_token_s, cost.fixed_s
+    then costs decodes. ("", None) when no larger slice is possible."""
+    a, f, chunk_s = cost.per_prefill_token_s, cost.slice_cost_s, cost.per_prefill_chunk_s
     prompts = ctx.run.requests["prompt_tokens"].to_numpy("float64", na_value=np.nan)
     if not np.isfinite(prompts).any():
-        return ""
+        return NO_ADVICE
     longest, mean_prompt = int(np.nanmax(prompts)), float(np.nanmean(prompts))
     budget = ctx.engine_setting("max_batched_tokens", "scheduler", "max_num_batched_tokens")
     decodes = int(np.ceil(comp.mean_decode_seqs)) if comp is not None else 0
@@ -79,28 +86,129 @@ def _slice_advice(ctx, cost, chunk, comp) -> str:
     room = budget - decodes if budget else None
     limits = {k: v for k, v in (("chunk", chunk), ("budget", room)) if v}
     if not limits:
-        return ""
+        return NO_ADVICE
     knob = min(limits, key=limits.get)
     now = limits[knob]
-    want = int(np.ceil(f * (1 - OVERHEAD_TARGET) / OVERHEAD_TARGET / a / 16) * 16)
-    best = min(want, -(-longest // 16) * 16)
+    whole = -(-longest // 16) * 16
+    if a > 0:
+        want = int(np.ceil(f * (1 - OVERHEAD_TARGET) / OVERHEAD_TARGET / a / 16) * 16)
+    else:  # the run cannot price a token apart from its chunk (all chunks alike): one
+        want = UNPRICED_STEP * now  # bounded step at a time, checked by re-running
+    best = min(want, whole)
     if best <= now:
-        return ""
-    saved = (np.ceil(mean_prompt / now) - np.ceil(mean_prompt / best)) * f
+        return NO_ADVICE
+    lengths = prompts[np.isfinite(prompts)]
+    # Per request, then averaged: prompts just above a slice pay a whole extra step.
+    saved = float(np.mean(np.ceil(lengths / now) - np.ceil(lengths / best))) * f
     steps = f"{np.ceil(mean_prompt / best):.0f} steps instead of {np.ceil(mean_prompt / now):.0f}"
+    chunk_to = Setting("engine.chunk_size", chunk, best)
+    budget_to = Setting("engine.max_batched_tokens", budget, best + decodes)
     if knob == "chunk":
         head = f"Set --chunk-size {best} (now {chunk})"
+        settings = [chunk_to]
         if room and room < best:
             head += f" and --max-batched-tokens {best + decodes} (now {budget})"
+            settings.append(budget_to)
     else:
         head = (
             f"Set --max-batched-tokens {best + decodes} (now {budget}: with about {decodes} "
             f"decodes per step it left {room} tokens for prefill)"
         )
+        settings = [budget_to]
         if chunk and chunk < best:
             head += f" and --chunk-size {best} (now {chunk})"
-    return (
+            settings.append(chunk_to)
+    text = (
         f"{head}: a prompt of the mean length ({mean_prompt:.0f} tokens) then takes {steps}, "
-        f"about {ms(saved):.0f} ms less TTFT; a slice then holds a decode back "
-        f"{ms(best * a):.0f} ms instead of {ms(now * a):.0f} ms."
+        f"about {ms(saved):.1f} ms less mean TTFT; "
     )
+    if a > 0:
+        text += (
+            f"a slice then holds a decode back {ms(chunk_s + best * a):.0f} ms instead of "
+            f"{ms(chunk_s + now * a):.0f} ms."
+        )
+    else:
+        text += (
+            "the run's chunks are all alike, so what a larger one costs decodes is not "
+            "known: check ITL p99 on the re-run."
+        )
+    expect = f"about {ms(saved):.1f} ms less mean TTFT"
+    return text, run_action("ttft.p50", *settings, expect=expect)
+
+
+@fact(
+    "cold_starvation",
+    provides=("policy", "max_wait", "cold_requests", "hot_requests", "cold_wait_ms",
+              "hot_wait_ms", "cold_p99_wait_ms", "hot_p99_wait_ms", "cold_ttft_ms", "groups",
+              "advice", "mean_gain", "tail_gain", "slo_gain"),
+)  # fmt: skip
+def cold_starvation(ctx: TriageContext) -> Fact | Unavailable:
+    """Share of the cold-prefix requests' mean TTFT that is queue wait beyond what the
+    hot-prefix requests of the same run waited: the disadvantage a cache-aware admission
+    order gives requests whose prefix is not cached (the hot class is the baseline).
+    Means, not medians, so one hot group cannot hide a starved tail."""
+    f = ctx.get("fairness")
+    if f is None:
+        return ctx.missing("fairness")
+    fr = f.per_request
+    cls = fr["hotness"].to_numpy() if fr is not None else np.array([])
+    hot, cold = cls == "hot", cls == "cold"
+    if not hot.any() or not cold.any():
+        return Unavailable("the run has no hot and cold prefix classes (no shared prefixes)")
+    wait = fr["queue_wait_s"].to_numpy("float64")
+    hot_wait = float(np.mean(wait[hot]))
+    excess = np.where(cold, np.maximum(wait - hot_wait, 0.0), 0.0)
+    cold_ttft = float(np.mean(fr["ttft_s"].to_numpy("float64")[cold]))
+    value = share(float(excess[cold].mean()), cold_ttft)
+    value = value if np.isfinite(value) else 0.0
+    impact = ttft_impact(ctx, fr.assign(excess_s=excess), "excess_s")
+    policy = ctx.engine_setting("policy", "scheduler", "policy")
+    max_wait = ctx.engine_setting("max_wait_ms", "scheduler", "max_wait_ms")
+    by_group = fr[cold].groupby("prefix_group", observed=True)["queue_wait_s"].mean().nlargest(3)
+    groups = ", ".join(f"group {g}: {ms(w):.0f} ms" for g, w in by_group.items())
+    advice, action = _fairness_advice(fr, hot, cold, policy, max_wait) if value else NO_ADVICE
+    evidence = (
+        ev("policy", "admission policy", policy or "unknown"),
+        ev("max_wait", "fairness bound", f"{max_wait:g} ms" if max_wait else "off"),
+        ev("cold_requests", "cold-prefix requests", int(cold.sum())),
+        ev("hot_requests", "hot-prefix requests", int(hot.sum())),
+        ev("cold_wait_ms", "mean queue wait, cold", ms(wait[cold].mean()), "ms"),
+        ev("hot_wait_ms", "mean queue wait, hot", ms(hot_wait), "ms"),
+        ev("cold_p99_wait_ms", "p99 queue wait, cold", ms(np.percentile(wait[cold], 99)), "ms"),
+        ev("hot_p99_wait_ms", "p99 queue wait, hot", ms(np.percentile(wait[hot], 99)), "ms"),
+        ev("cold_ttft_ms", "mean TTFT, cold", ms(cold_ttft), "ms"),
+        ev("groups", "cold groups that waited longest (mean)", groups),
+        ev("advice", "advice", advice),
+        *impact_evidence(impact, "TTFT"),
+    )
+    longest = fr[cold].nlargest(5, "queue_wait_s")["request_id"].astype(str)
+    ids = (IdList("request", "cold requests that waited longest", tuple(longest)),)
+    return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity, action=action)
+
+
+def _fairness_advice(fr, hot, cold, policy, max_wait) -> tuple[str, Action | None]:
+    """Bound a cold request's wait by what hot requests take in all: --max-wait-ms at the
+    hot class's p99 TTFT (a request waiting longer goes first), or FCFS when the bound is
+    already that tight; nothing under FCFS (the order is not what starves them)."""
+    if policy != "prefix":
+        return NO_ADVICE
+    ttft = fr["ttft_s"].to_numpy("float64")
+    bound = float(np.ceil(np.percentile(ttft[hot], 99) * 10) / 10 * 1e3)  # ms, to 100 ms
+    cold_p99 = ms(np.percentile(fr["queue_wait_s"].to_numpy("float64")[cold], 99))
+    if max_wait is None or bound < max_wait:
+        now = f"{max_wait:g}" if max_wait else "off"
+        text = (
+            f"Set --max-wait-ms {bound:g} (now {now}): a request waiting longer than the hot "
+            f"requests' p99 TTFT then goes first, so a cold request's p99 wait "
+            f"({cold_p99:.0f} ms) should fall to about {bound:g} ms, while hot prefixes keep "
+            "their priority below it."
+        )
+        setting = Setting("engine.max_wait_ms", max_wait, bound)
+        return text, run_action("ttft.p99", setting, expect=f"cold p99 wait about {bound:g} ms")
+    text = (
+        f"Set --policy fcfs (now prefix): the fairness bound ({max_wait:g} ms) is already "
+        "tighter than what hot requests take, so cache-aware order costs cold prefixes more "
+        "than it saves."
+    )
+    setting = Setting("engine.policy", "prefix", "fcfs")
+    return text, run_action("ttft.p99", setting, expect="cold and hot waits alike")

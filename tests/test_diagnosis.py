@@ -63,7 +63,36 @@ VARIANTS = {
         engine={"kv_blocks": 24},
     ),
     "healthy": sc.varied(sc.by_name("healthy"), seed=15, arrival=ArrivalSpec("open", rate=10.0)),
+    # a cap of 3 under 9 clients with other lengths
+    "seq-cap": dataclasses.replace(
+        sc.varied(
+            sc.by_name("seq-cap"),
+            seed=16,
+            arrival=ArrivalSpec("closed", concurrency=9),
+            prompt_len=LengthSpec.parse("uniform:32:128"),
+        ),
+        engine={"max_seqs": 3},
+    ),
+    "cold-starvation": dataclasses.replace(
+        sc.varied(
+            sc.by_name("cold-starvation"),
+            seed=17,
+            shared_prefix=PrefixSpec(6, 160, 1.3),
+            arrival=ArrivalSpec("closed", concurrency=10),
+        ),
+        engine=sc.by_name("cold-starvation").engine | {"max_seqs": 2},
+    ),
+    "bursty": dataclasses.replace(
+        sc.varied(
+            sc.by_name("bursty"),
+            seed=18,
+            arrival=ArrivalSpec("open", rate=7.0, process="gamma", burstiness=0.2),
+        ),
+        engine={"max_seqs": 3},
+    ),
 }
+# The causes the suite added with their own checks: never critical on the others.
+OWN_CHECKS = ("chunk-too-small", "cold-starvation", "bursty-load")
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -76,6 +105,31 @@ def test_the_top_finding_names_the_cause(tmp_path, name):
     if scenario.expected != sc.HEALTHY:
         assert top.severity in ("warning", "critical") and top.evidence
         assert top.recommendations
+    for check in set(OWN_CHECKS) - {scenario.expected}:
+        # (a slicing that costs a few prompts a step may be a warning beside another
+        # fault: it is real; it must not be critical, or what is named first)
+        f = triage.by_check(check)
+        assert f is None or f.severity != "critical", f"{name}: {check} is critical"
+
+
+@pytest.mark.parametrize(
+    ("name", "engine", "check"),
+    [
+        ("cold-starvation", {"policy": "fcfs"}, "cold-starvation"),  # the same load, fair order
+        ("bursty", {}, "bursty-load"),  # the same mean rate, Poisson arrivals
+    ],
+)
+def test_a_check_is_silent_on_its_fair_control(tmp_path, name, engine, check):
+    s = sc.by_name(name)
+    arrival = s.workload.get("arrival")
+    if check == "bursty-load":
+        arrival = ArrivalSpec("open", rate=arrival.rate, process="poisson")
+    control = dataclasses.replace(
+        sc.varied(s, arrival=arrival), name=f"{name}-control", engine=s.engine | engine
+    )
+    triage = control.diagnose(control.record(tmp_path / control.name, requests=48))
+    f = triage.by_check(check)
+    assert f is None or f.severity == "info", f"{check} fired on its control: {f and f.title}"
 
 
 def test_every_suite_scenario_has_a_varied_twin():
@@ -83,8 +137,11 @@ def test_every_suite_scenario_has_a_varied_twin():
     twins = {s.variant_of for s in sc.SCENARIOS if s.variant_of}
     originals = {s.name for s in sc.SCENARIOS if not s.variant_of}
     assert originals <= twins <= names
-    # nine causes, the healthy case and the profiler accounted for in the gate
-    assert len({s.expected for s in sc.SCENARIOS}) == 11
+    # twelve causes, the healthy case and the profiler accounted for in the gate
+    assert len({s.expected for s in sc.SCENARIOS}) == 14
+    # every cause in at least two configurations
+    for cause in {s.expected for s in sc.SCENARIOS}:
+        assert sum(s.expected == cause for s in sc.SCENARIOS) >= 2, cause
     # the README scenarios come with two seeds each
     readme = [s.name.rsplit("-s", 1) for s in sc.README_SCENARIOS]
     assert all(n for n, _ in readme) and {k for _, k in readme} == {"1", "2"}

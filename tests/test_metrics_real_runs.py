@@ -27,7 +27,7 @@ def perfdiag_run(out, *args):
 
 @pytest.fixture(scope="module")
 def uncapped(tmp_path_factory):
-    return perfdiag_run(tmp_path_factory.mktemp("real") / "uncapped", "-n", "48", "--rate", "25")
+    return perfdiag_run(tmp_path_factory.mktemp("real") / "uncapped", "-n", "96", "--rate", "25")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def analysis(uncapped) -> ServingAnalysis:
 
 def test_ttft_parts_add_up_per_request_and_the_remainder_is_small(analysis):
     f = analysis.ttft.per_request
-    assert len(f) >= 30
+    assert len(f) >= 48  # of 96: the steady window drops ramp-up and drain
     total = f[list(PARTS)].sum(axis=1).to_numpy()
     assert np.all(np.abs(total - f["ttft_s"].to_numpy()) <= 0.01 * f["ttft_s"].to_numpy())
     share = analysis.ttft.remainder_share
@@ -93,7 +93,11 @@ def test_the_step_cost_model_fits_a_recorded_run(analysis):
     # evidence the host checks need was recorded (tiny-preset steps last ~2 ms, so the
     # noise is large against them: the fit need not be "trusted" here)
     m = analysis.step_cost
-    assert m.per_prefill_token_s > 0 and m.fixed_s > 0 and m.per_decode_seq_s > 0
+    # Prefill and decode work are priced, each by one of its terms at least (a run may not
+    # tell a chunk's cost from its tokens', or a sequence's from its context's).
+    assert m.fixed_s > 0
+    assert m.per_prefill_token_s > 0 or m.per_prefill_chunk_s > 0
+    assert m.per_decode_seq_s > 0 or m.per_context_token_s > 0
     assert np.isfinite(m.r2) and np.isfinite(m.median_rel_error) and m.residual_sigma_s > 0
     # (no bound on how much is inflated: one gen-2 collection in the test process can
     # stall a tiny run's steps for 200 ms, half its busy time)

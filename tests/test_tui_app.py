@@ -60,8 +60,8 @@ async def test_open_run_findings_evidence_request_and_back(runs):
         assert "host-bound" in text_of(app.screen.query_one("#headline"))
         findings = app.screen.query_one("#findings", DataTable)
         assert app.focused is findings and findings.row_count == 5
-        # the third finding: requests queue; its evidence names the requests
-        await pilot.press("down", "down", "enter")
+        # the fourth finding: requests queue; its evidence names the requests
+        await pilot.press("down", "down", "down", "enter")
         await settle(app, pilot)
         assert isinstance(app.screen, FindingScreen)
         assert app.screen.finding.check == "queue-dominates-ttft"
