@@ -123,7 +123,9 @@ def fit_step_cost(timeline: StepTimeline | None) -> StepCostModel | None:
     for subset in subsets:
         keep = np.array(subset)
         coef_kept, weight = huber_fit(x[:, keep], y)
-        if not (coef_kept[1:] < 0).any():  # no batch makes a step cheaper by holding more work
+        # No batch makes a step cheaper by holding more work, and no step costs less
+        # than nothing: every price, the fixed one too, is >= 0.
+        if not (coef_kept < 0).any():
             fits[subset] = (keep, coef_kept, weight)
     # One robust scale for every candidate (the fullest fit's), so their losses compare.
     full = max(fits, key=sum)

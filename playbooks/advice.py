@@ -18,6 +18,10 @@ from ..analyzers.actions import Action, Setting, run_action
 from .facts import TriageContext, ms
 
 KV_TARGET = 0.9  # plan the KV pool to be at most this full at the demand it must hold
+# A prompt slice whose step and chunk overhead is at most this share of its tokens' cost:
+# what chunk-too-small asks for, and the finest chunk interference advice may propose
+# (finer, and the slicing costs more TTFT and load than it saves ITL).
+OVERHEAD_TARGET = 0.2
 NO_ADVICE: tuple[str, Action | None] = ("", None)
 
 
@@ -44,10 +48,11 @@ def _demand(ctx: TriageContext, queued) -> int:
     return math.ceil(np.percentile(total, 90)) if len(total) else 0
 
 
-def seq_cap_advice(ctx: TriageContext, lim) -> tuple[str, Action | None]:
+def seq_cap_advice(ctx: TriageContext, lim, target: str = "ttft.p50") -> tuple[str, Action | None]:
     """The sequence cap held the queue: raise max_num_seqs to the demand, as far as the
     KV pool allows at the use it showed per sequence; a step then holds that many more
-    decodes, priced by the cost model."""
+    decodes, priced by the cost model. `target`: the TTFT percentile the queue moved
+    (bursts queue only the requests that arrive in them: the tail)."""
     cap, queued = lim.max_num_seqs, _queued_steps(ctx)
     if not cap or queued is None or not len(queued):
         return NO_ADVICE
@@ -76,7 +81,7 @@ def seq_cap_advice(ctx: TriageContext, lim) -> tuple[str, Action | None]:
             " ms more: the price in ITL of taking the queue in"
         )
     expect = f"most of the queue wait gone; ITL up by about {(to - cap)} decodes' cost"
-    return text + ".", run_action("ttft.p50", Setting("engine.max_seqs", cap, to), expect=expect)
+    return text + ".", run_action(target, Setting("engine.max_seqs", cap, to), expect=expect)
 
 
 def token_budget_advice(ctx: TriageContext, lim) -> tuple[str, Action | None]:
@@ -146,4 +151,5 @@ def kv_advice(ctx: TriageContext) -> tuple[str, Action | None]:
             f"Set --kv-cache-mb {to_mb:g} (now {mb:g}, {pool} blocks): {need} blocks hold {why}, "
             f"at most {KV_TARGET:.0%} full."
         )
-    return text, run_action("itl.p99", setting, expect="no preemption; no request recomputed")
+    # Preempted requests wait to come back: what a storm costs users is completion time.
+    return text, run_action("e2e.p50", setting, expect="no preemption; no request recomputed")

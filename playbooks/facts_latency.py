@@ -7,7 +7,13 @@ import numpy as np
 from ..analyzers.actions import Action, Setting, other_action, run_action
 from ..analyzers.itl import CAUSES
 from ..analyzers.ttft import PARTS
-from .advice import NO_ADVICE, kv_advice, seq_cap_advice, token_budget_advice
+from .advice import (
+    NO_ADVICE,
+    OVERHEAD_TARGET,
+    kv_advice,
+    seq_cap_advice,
+    token_budget_advice,
+)
 from .facts import (
     Fact,
     Param,
@@ -278,10 +284,11 @@ def itl_tail_share(
 
 
 def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None]:
-    """Concrete knobs for prefill interference, priced by the step cost model: the chunk
-    size at which a chunk costs no more than a decode step (so a decode's gap at most
-    doubles), what the worst gap then becomes, and what the longest prompt pays for it.
-    Never suggests what is in effect already or a change in the wrong direction."""
+    """Concrete knobs for prefill interference, priced by the step cost model: the
+    finest chunk whose overhead is at most OVERHEAD_TARGET of its tokens' cost (finer
+    chunks cost more TTFT than they save ITL), what a decode's worst gap then
+    becomes, and what the longest prompt pays for it. Never suggests what is in effect
+    already or a change in the wrong direction."""
     chunk = ctx.chunk_size
     budget = ctx.engine_setting("max_batched_tokens", "scheduler", "max_num_batched_tokens")
     cost, comp = ctx.get("step_cost"), ctx.get("composition")
@@ -301,7 +308,10 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None]:
     per_chunk = cost.per_prefill_chunk_s
     sizes = [x for x in (chunk, budget, longest) if x]
     effective = min(sizes) if sizes else None
-    best = max(16, int(max(decode_step - per_chunk, 0.0) / a) // 16 * 16)
+    # The finest chunk whose step and chunk overhead is at most OVERHEAD_TARGET of its
+    # tokens' cost: finer slicing costs more TTFT and load than it takes off a decode's
+    # wait (and chunk-too-small would then name it).
+    best = max(16, int(np.ceil(cost.slice_cost_s / (a * OVERHEAD_TARGET) / 16)) * 16)
     if effective is None or best >= effective:
         text = (
             f"Chunks are already at most {effective} tokens (chunk {_chunking(ctx)}, longest "
@@ -324,19 +334,21 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None]:
             f"{ms(extra * cost.slice_cost_s):.0f} ms more TTFT"
         )
     cap = best + int(np.ceil(max(comp.mean_decode_seqs, 1.0)))
-    budget_text = ""
+    settings = [Setting("engine.chunk_size", chunk, best)]
     pf = comp.per_step[comp.per_step["num_prefill_tokens"] > 0]
     shared = float((pf["num_prefill_seqs"] > 1).mean()) if len(pf) else 0.0
-    if budget and cap < budget and shared >= 0.1:  # several prompts do fill one step
-        budget_text = (
-            f"Also bound every step's prefill: --max-batched-tokens {cap} (now {budget}): "
-            f"{shared:.0%} of prefill steps held several prompts' chunks."
+    if budget and cap < budget and shared >= 0.1:
+        # Several prompts' chunks fill one step: the chunk bounds a prompt's slice, only
+        # the token budget bounds the step's, so both go together.
+        text += (
+            f"; with --max-batched-tokens {cap} (now {budget}), since {shared:.0%} of "
+            "prefill steps held several prompts' chunks and only the budget bounds a step"
         )
+        settings.append(Setting("engine.max_batched_tokens", budget, cap))
     expect = f"worst gap about {then_ms:.0f} ms instead of {now_ms:.0f} ms"
-    # The first advice is the chunk; the budget is the second.
-    action = run_action("itl.p99", Setting("engine.chunk_size", chunk, best), expect=expect)
+    action = run_action("itl.p99", *settings, expect=expect)
     return (ev("chunk_advice", "chunking", text + "."),
-            ev("budget_advice", "token budget", budget_text)), action  # fmt: skip
+            ev("budget_advice", "token budget", "")), action  # fmt: skip
 
 
 def _chunking(ctx: TriageContext) -> str:

@@ -140,7 +140,8 @@ def wait_growth(ctx: TriageContext, min_requests: int) -> Fact | Unavailable:
     """How fast the time to first token grows with send time, in seconds per second of
     sending: 0 when the engine keeps up; above 0 the queue grows without bound, and
     arrivals exceed what the engine completes by about that fraction (λ/μ ≈ 1 + growth).
-    Robust: the median TTFT of the last third of sends against the first third."""
+    Robust: the median TTFT of the last third of sends against the first third; 0 when
+    as many requests completed as arrived while sending (bursts, not overload)."""
     m = ctx.get("metrics")
     if m is None:
         return ctx.missing("metrics")
@@ -170,6 +171,10 @@ def wait_growth(ctx: TriageContext, min_requests: int) -> Fact | Unavailable:
     completion_rps = (
         float(np.sum((done_in >= t[0]) & (done_in <= t[-1])) / span) if span > 0 else np.nan
     )
+    if not completion_rps < arrival_rps:
+        # The engine completed as fast as requests arrived: a TTFT trend is the load's
+        # shape (a burst late in the run), not a queue growing without bound.
+        growth = 0.0
     sat = ctx.get("load").saturation if ctx.get("load") is not None else None
     evidence = (
         ev("arrival_rps", "arrival rate (measured requests)", arrival_rps, "req/s"),
@@ -250,7 +255,13 @@ def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
         return Unavailable("a closed loop sends when a request ends: its arrivals have no shape")
     pr = m.per_request
     ok = ~pr["is_warmup"].to_numpy(bool)
-    sent = np.sort(pr["sent_ns"].to_numpy("float64", na_value=np.nan)[ok])
+    # The load's shape is the schedule the client meant to keep, where it kept one: a
+    # client held up (a probe stall, a busy event loop) bunches its sends by itself.
+    sent_ns = pr["sent_ns"].to_numpy("float64", na_value=np.nan)
+    behind = pr["client_wait_s"].to_numpy("float64", na_value=np.nan)
+    behind = behind + pr["lateness_s"].to_numpy("float64", na_value=np.nan)
+    due = np.where(np.isfinite(behind), sent_ns - behind * 1e9, sent_ns)
+    sent = np.sort(due[ok])
     sent = sent[np.isfinite(sent)] / 1e9
     if len(sent) < 16:
         return Unavailable("fewer than 16 measured requests with a send time")
@@ -282,7 +293,7 @@ def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
     lim = ctx.get("limits")
     advice, action = NO_ADVICE
     if value > 0 and lim is not None and lim.binding == "max_num_seqs":
-        advice, action = seq_cap_advice(ctx, lim)
+        advice, action = seq_cap_advice(ctx, lim, target="ttft.p90")
     if value > 0 and not advice:
         advice = (
             f"Pace arrivals at the gateway (bursts reached {counts.max() / window:.1f} req/s "

@@ -45,6 +45,7 @@ def _finished_per_step(ctx: TriageContext) -> pd.Series:
         "prepare_ms",
         "post_ms",
         "sample_ms",
+        "device_pct",
     ),
 )
 def host_share(ctx: TriageContext) -> Fact | Unavailable:
@@ -96,7 +97,9 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         ev("prepare_ms", "prepare inputs, per step", ms(_mean(phase("prepare_inputs"))), "ms"),
         ev("post_ms", "post-process, per step", ms(_mean(phase("post_process"))), "ms"),
         ev("sample_ms", "sample, per step", ms(_mean(phase("sample"))), "ms"),
-    )
+        ev("device_pct", "device share of busy time", 1.0 - value if finite(value) else None,
+           "%"),
+    )  # fmt: skip
     frame = pd.DataFrame({"step_id": ids, "host_s": host})
     worst_steps = (
         worst(frame, "host_s", "most host time (in the step and after it)", "step", 5, "step_id"),

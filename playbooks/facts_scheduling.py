@@ -7,7 +7,7 @@ import numpy as np
 
 from ..analyzers.actions import Action, Setting, run_action
 from ..analyzers.findings import IdList
-from .advice import NO_ADVICE
+from .advice import NO_ADVICE, OVERHEAD_TARGET
 from .facts import (
     Fact,
     TriageContext,
@@ -20,7 +20,6 @@ from .facts import (
     ttft_impact,
 )
 
-OVERHEAD_TARGET = 0.2  # a chunk whose fixed step cost is at most a fifth of its cost
 UNPRICED_STEP = 8  # how far to enlarge a slice whose tokens the model cannot price
 
 

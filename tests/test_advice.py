@@ -156,4 +156,4 @@ def test_chunks_all_alike_keep_one_positive_price(tmp_path):
     cost = fit_step_cost(_steps(tmp_path / "alike", 1.5 * MS, np.random.default_rng(5), True))
     per_chunk = cost.per_prefill_chunk_s + 16 * cost.per_prefill_token_s
     assert per_chunk == pytest.approx(1.5 * MS + 16 * 20 * US, rel=0.05)
-    assert min(cost.per_prefill_chunk_s, cost.per_prefill_token_s) >= 0
+    assert min(cost.fixed_s, cost.per_prefill_chunk_s, cost.per_prefill_token_s) >= 0

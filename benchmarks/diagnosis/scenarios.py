@@ -115,8 +115,10 @@ class Scenario:
             return not any(f.severity == "critical" for f in triage.findings)
         if self.expected == PROBES_ACCOUNTED:
             gate = triage.by_check("probe-stalls")
-            blamed = [f for f in triage.causes if f.check in PROBE_BLAMABLE]
-            critical = [f for f in triage.causes if f.severity == "critical"]
+            # A finding that follows from the stall is attributed to it, not to the engine.
+            engine = [f for f in triage.causes if f.consequence_of != "probe-stalls"]
+            blamed = [f for f in engine if f.check in PROBE_BLAMABLE]
+            critical = [f for f in engine if f.severity == "critical"]
             return gate is not None and gate.severity != "info" and not blamed and not critical
         return triage.top is not None and triage.top.check == self.expected
 
@@ -180,7 +182,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         "long-prompts-no-chunking",
         "long prompts without chunked prefill beside decodes",
         "itl-prefill-interference",
-        engine=dict(preset="small", chunk_size=None, kv_cache_mb=64.0),
+        # (max_seqs 64: with the suite's 16 a slow machine's runs also queue at the
+        # cap — a second, real bottleneck that queue-dominates-ttft rightly names)
+        engine=dict(preset="small", chunk_size=None, kv_cache_mb=64.0, max_seqs=64),
         workload=dict(
             requests=24,
             warmup=2,
@@ -193,7 +197,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "long-prompts-huge-chunks",
         "chunking on, but chunks as long as the prompts",
         "itl-prefill-interference",
-        engine=dict(preset="small", chunk_size=2048, kv_cache_mb=64.0),
+        engine=dict(preset="small", chunk_size=2048, kv_cache_mb=64.0, max_seqs=64),
         workload=dict(
             requests=24,
             warmup=2,
@@ -248,9 +252,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "host-bound-scheduler",
-        "a slow CPU-bound scheduler (2 ms spin in every step)",
+        # (2 ms against a ~5.5 ms forward measured a host share of 0.35-0.43: on the
+        # rule's 0.40 boundary, flipping between seeds; 3 ms is host-bound by any reading)
+        "a slow CPU-bound scheduler (3 ms spin in every step)",
         "host-bound",
-        faults=FaultOptions(schedule_delay_ms=2.0, busy=True),
+        faults=FaultOptions(schedule_delay_ms=3.0, busy=True),
         workload=dict(arrival=_closed(8), seed=8),
         variant_of="host-bound",
     ),
@@ -343,7 +349,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         workload=dict(
             requests=64,
             seed=13,
-            arrival=_open(6.0, process="gamma", burstiness=0.25),
+            # (6 req/s measured a capacity of 5.3-5.8 at this cap: at capacity, not
+            # under it; 4 is about 70 %)
+            arrival=_open(4.0, process="gamma", burstiness=0.25),
             output_len=_len("uniform:24:48"),
         ),
         variant_of="bursty",
