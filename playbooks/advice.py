@@ -77,9 +77,12 @@ def seq_cap_advice(ctx: TriageContext, lim, target: str = "ttft.p50") -> tuple[s
     cost = ctx.get("step_cost")
     if cost is not None and cost.per_decode_seq_s > 0:
         text += (
-            f"; a full decode step then costs about {ms((to - cap) * cost.per_decode_seq_s):.1f}"
+            f"; a full decode step then costs up to {ms((to - cap) * cost.per_decode_seq_s):.1f}"
             " ms more: the price in ITL of taking the queue in"
         )
+        seen = int(np.nanmax(ctx.run.steps["num_decode_seqs"].to_numpy("float64")))
+        if to > seen:  # a price per sequence measured on smaller batches: an upper bound
+            text += f" (priced from batches of at most {seen}; larger ones amortise it)"
     expect = f"most of the queue wait gone; ITL up by about {(to - cap)} decodes' cost"
     return text + ".", run_action(target, Setting("engine.max_seqs", cap, to), expect=expect)
 

@@ -17,7 +17,7 @@ from perfdiag.probes.workload import ArrivalSpec, LengthSpec, WorkloadSpec
 def triage(path, **engine):
     options = RunOptions(
         EngineOptions(preset="tiny", kv_cache_mb=16.0, **engine),
-        WorkloadSpec(requests=24, warmup=2, seed=21, arrival=ArrivalSpec("closed", 2),
+        WorkloadSpec(requests=40, warmup=2, seed=21, arrival=ArrivalSpec("closed", 2),
                      prompt_len=LengthSpec.parse("uniform:160:320"),
                      output_len=LengthSpec.parse("uniform:4:12")),
         ProbeOptions(device_sampling=False),
