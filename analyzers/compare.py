@@ -176,18 +176,8 @@ _PERCENTILE_METRICS = (
     ("tpot", "TPOT", "tpot_s", (50, 99)),
     ("itl", "ITL", None, (50, 99)),
     ("e2e", "E2E", "e2e_s", (50, 99)),
-    # From when the request was due to its end: E2E plus any wait at the client (a
-    # concurrency cap, a late schedule) — what a user of an open loop waits.
-    ("due_e2e", "E2E from due", "due_e2e_s", (50, 99)),
+    ("due_e2e", "E2E from due", "due_e2e_s", (50, 99)),  # client waits included
 )
-
-
-def _column(pr: pd.DataFrame, column: str) -> np.ndarray:
-    if column == "due_e2e_s":
-        late = np.nan_to_num(pr["lateness_s"].to_numpy("float64", na_value=np.nan))
-        wait = np.nan_to_num(pr["client_wait_s"].to_numpy("float64", na_value=np.nan))
-        return pr["e2e_s"].to_numpy("float64") + np.maximum(late, 0) + np.maximum(wait, 0)
-    return pr[column].to_numpy("float64")
 
 
 def _request_values(s: ServingAnalysis) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
@@ -200,7 +190,7 @@ def _request_values(s: ServingAnalysis) -> dict[str, tuple[np.ndarray, np.ndarra
     for key, _, column, _ in _PERCENTILE_METRICS:
         if column is None:
             continue
-        v = _column(pr, column)[sel]
+        v = pr[column].to_numpy("float64")[sel]
         ok = np.isfinite(v)
         out[key] = (v[ok], np.flatnonzero(sel)[ok])
     g = s.metrics.gaps

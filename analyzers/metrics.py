@@ -126,6 +126,9 @@ def per_request(lc: Lifecycle, window: Window, gaps: pd.DataFrame) -> pd.DataFra
     in_window = (sent >= window.t_start) & (sent <= window.t_end) & ~r["is_warmup"].to_numpy()
     sent_ns = pd.array(np.where(np.isnan(sent), 0, sent).astype(np.int64) + lc.origin_ns)
     sent_ns[np.isnan(sent)] = pd.NA
+    client_wait = (sent - r["t_created"].to_numpy()) / NS
+    lateness = (r["t_created"].to_numpy() - r["t_scheduled_send"].to_numpy()) / NS
+    e2e_ok = np.where(ok, e2e, np.nan)
     return pd.DataFrame(
         {
             "request_id": r["request_id"],
@@ -138,10 +141,15 @@ def per_request(lc: Lifecycle, window: Window, gaps: pd.DataFrame) -> pd.DataFra
             "n_chunks": r["n_chunks"],
             "ttft_s": ttft,
             "tpot_s": np.where(ok, tpot, np.nan),
-            "e2e_s": np.where(ok, e2e, np.nan),
+            "e2e_s": e2e_ok,
             "max_itl_s": max_gap,
-            "client_wait_s": (sent - r["t_created"].to_numpy()) / NS,
-            "lateness_s": (r["t_created"].to_numpy() - r["t_scheduled_send"].to_numpy()) / NS,
+            "client_wait_s": client_wait,
+            "lateness_s": lateness,
+            # From when the request was due to its end: E2E plus any wait at the client
+            # (a concurrency cap, a late schedule) — what a user of an open loop waits.
+            "due_e2e_s": e2e_ok
+            + np.maximum(np.nan_to_num(lateness), 0)
+            + np.maximum(np.nan_to_num(client_wait), 0),
         }
     )
 

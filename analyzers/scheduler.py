@@ -11,6 +11,7 @@ from the step's counts and the recorded limits.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -128,6 +129,19 @@ def preemptions(
     )
 
 
+def kv_pool(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per step row: KV blocks in use and the pool's size (used + free; NaN where the
+    steps table does not record them)."""
+    used = steps["kv_blocks_used"].to_numpy("float64", na_value=np.nan)
+    return used, used + steps["kv_blocks_free"].to_numpy("float64", na_value=np.nan)
+
+
+def pool_blocks(steps: pd.DataFrame) -> int | None:
+    """The KV pool's size in blocks, None when not recorded."""
+    _, pool = kv_pool(steps)
+    return int(np.nanmax(pool)) if np.isfinite(pool).any() else None
+
+
 @dataclass(frozen=True)
 class BindingLimits:
     steps_with_queue: int  # steps after whose admission requests still waited
@@ -137,6 +151,10 @@ class BindingLimits:
     token_budget: int | None
     kv_peak_share: float  # peak share of the KV pool in use over the run
     kv_share_when_queued: float  # mean share in use in steps with a queue
+    # In the steps with a queue, p90 of running + waiting (how many wanted to run at
+    # once; None when running is not recorded) and of waiting alone.
+    demand_p90: int | None
+    waiting_p90: float
     per_step: pd.DataFrame = field(metadata=INTERNAL)  # step_id, limit (steps with a queue)
 
     @property
@@ -156,14 +174,13 @@ def binding_limits(
         return None
     s = steps.drop_duplicates("step_id").sort_values("start_ns", kind="stable")
     waiting = s["num_waiting"].to_numpy("float64", na_value=0.0)
-    used = s["kv_blocks_used"].to_numpy("float64", na_value=np.nan)
-    pool = used + s["kv_blocks_free"].to_numpy("float64", na_value=np.nan)
+    used, pool = kv_pool(s)
     kv = np.divide(used, pool, out=np.full(len(s), np.nan), where=pool > 0)
+    running = s["num_running"].to_numpy("float64", na_value=np.nan)
     recorded = "blocked_by" in s and s["blocked_by"].notna().any()
     if recorded:
         limit = s["blocked_by"].astype(object).where(s["blocked_by"].notna(), "none").to_numpy()
     else:
-        running = s["num_running"].to_numpy("float64", na_value=np.nan)
         tokens = (s["num_prefill_tokens"] + s["num_decode_seqs"]).to_numpy("float64")
         limit = np.full(len(s), "none", dtype=object)
         limit[np.nan_to_num(kv) >= KV_FULL] = "kv_blocks"
@@ -175,6 +192,9 @@ def binding_limits(
     frame = pd.DataFrame({"step_id": s["step_id"].to_numpy()[queued], "limit": limit[queued]})
     counts = frame["limit"].value_counts()
     n = int(queued.sum())
+    demand = None
+    if n and np.isfinite(running).any():
+        demand = math.ceil(np.percentile(np.nan_to_num(running[queued]) + waiting[queued], 90))
     return BindingLimits(
         steps_with_queue=n,
         shares={k: float(counts.get(k, 0) / n) if n else 0.0 for k in LIMITS},
@@ -185,5 +205,7 @@ def binding_limits(
         kv_share_when_queued=float(np.nanmean(kv[queued]))
         if queued.any() and np.isfinite(kv[queued]).any()
         else float("nan"),
+        demand_p90=demand,
+        waiting_p90=float(np.percentile(waiting[queued], 90)) if n else 0.0,
         per_step=frame,
     )

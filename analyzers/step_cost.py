@@ -119,21 +119,22 @@ def fit_step_cost(timeline: StepTimeline | None) -> StepCostModel | None:
     present = np.abs(x[:, 1:]).max(axis=0) > 0  # a term no step has carries no cost
     subsets = {(True, *(a & b for a, b in zip(pick, present, strict=True)))
                for pick in itertools.product((False, True), repeat=len(present))}  # fmt: skip
-    fits = {}
+    fits = {}  # kept columns → (prices, Huber weights)
     for subset in subsets:
-        keep = np.array(subset)
-        coef_kept, weight = huber_fit(x[:, keep], y)
+        coef_kept, weight = huber_fit(x[:, list(subset)], y)
         # No batch makes a step cheaper by holding more work, and no step costs less
         # than nothing: every price, the fixed one too, is >= 0.
         if not (coef_kept < 0).any():
-            fits[subset] = (keep, coef_kept, weight)
+            fits[subset] = (coef_kept, weight)
+
+    def resid(subset) -> np.ndarray:
+        return y - x[:, list(subset)] @ fits[subset][0]
+
     # One robust scale for every candidate (the fullest fit's), so their losses compare.
-    full = max(fits, key=sum)
-    scale = max(_mad(y - x[:, fits[full][0]] @ fits[full][1]), 1e-12)
-    _, (keep, coef_kept, weight) = min(
-        fits.items(), key=lambda kv: (_robust_bic(y - x[:, kv[1][0]] @ kv[1][1], scale, sum(kv[0])),
-                                      sum(kv[0]))
-    )  # fmt: skip
+    scale = max(_mad(resid(max(fits, key=sum))), 1e-12)
+    best = min(fits, key=lambda k: (_robust_bic(resid(k), scale, sum(k)), sum(k)))
+    keep = np.array(best)
+    coef_kept, weight = fits[best]
     coef = np.zeros(x.shape[1])
     coef[keep] = coef_kept
     return _model(timeline, x, y, coef, keep, weight)

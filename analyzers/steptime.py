@@ -126,7 +126,7 @@ class StepParts:
     residual: np.ndarray
     # Of `prefill`: what the prompts' chunks cost beyond their tokens (the cost model's
     # per-chunk term), paid once per chunk; zeros without a model.
-    chunk: np.ndarray | None = None
+    chunk: np.ndarray
 
     NAMES = ("fixed", "prefill", "decode", "residual")
 
@@ -145,7 +145,7 @@ class StepParts:
         # overlap (end clipped to the next start): scale to the timeline's duration.
         k = np.divide(dur, total, out=np.zeros(len(dur)), where=total > 0)
         chunk = ps["chunk_s"].to_numpy(np.float64) * 1e9 * k
-        return cls(timeline, *(p * k for p in parts), chunk=chunk)
+        return cls(timeline, *(p * k for p in parts), chunk)
 
     @classmethod
     def by_weights(cls, timeline: StepTimeline, weights: WorkWeights) -> StepParts:
@@ -154,11 +154,9 @@ class StepParts:
         dur = timeline.end - timeline.start
         share = timeline.prefill_share(np.arange(len(timeline)), weights)
         zero = np.zeros(len(dur))
-        return cls(timeline, zero, dur * share, dur * (1 - share), zero.copy())
+        return cls(timeline, zero, dur * share, dur * (1 - share), zero.copy(), zero.copy())
 
     def __post_init__(self) -> None:
-        if self.chunk is None:
-            object.__setattr__(self, "chunk", np.zeros(len(self.fixed)))
         for name in self.NAMES:
             cum = np.concatenate(([0.0], np.cumsum(getattr(self, name))))
             object.__setattr__(self, f"_cum_{name}", cum)

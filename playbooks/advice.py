@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ..analyzers.actions import Action, Setting, run_action
+from ..analyzers.scheduler import pool_blocks
 from .facts import TriageContext, ms
 
 KV_TARGET = 0.9  # plan the KV pool to be at most this full at the demand it must hold
@@ -25,38 +26,14 @@ OVERHEAD_TARGET = 0.2
 NO_ADVICE: tuple[str, Action | None] = ("", None)
 
 
-def _queued_steps(ctx: TriageContext):
-    s = ctx.run.steps
-    if not len(s) or s["num_waiting"].isna().all() or s["num_running"].isna().all():
-        return None
-    s = s.drop_duplicates("step_id")
-    return s[(s["num_waiting"].fillna(0) > 0).to_numpy()]
-
-
-def _pool_blocks(ctx: TriageContext) -> int | None:
-    s = ctx.run.steps
-    if not len(s):
-        return None
-    pool = (s["kv_blocks_used"] + s["kv_blocks_free"]).to_numpy("float64", na_value=np.nan)
-    return int(np.nanmax(pool)) if np.isfinite(pool).any() else None
-
-
-def _demand(ctx: TriageContext, queued) -> int:
-    """Requests that wanted to run at once: running + waiting, 90th percentile over the
-    steps that ended with a queue."""
-    total = (queued["num_running"].fillna(0) + queued["num_waiting"].fillna(0)).to_numpy()
-    return math.ceil(np.percentile(total, 90)) if len(total) else 0
-
-
 def seq_cap_advice(ctx: TriageContext, lim, target: str = "ttft.p50") -> tuple[str, Action | None]:
     """The sequence cap held the queue: raise max_num_seqs to the demand, as far as the
     KV pool allows at the use it showed per sequence; a step then holds that many more
     decodes, priced by the cost model. `target`: the TTFT percentile the queue moved
     (bursts queue only the requests that arrive in them: the tail)."""
-    cap, queued = lim.max_num_seqs, _queued_steps(ctx)
-    if not cap or queued is None or not len(queued):
+    cap, demand = lim.max_num_seqs, lim.demand_p90
+    if not cap or not demand:
         return NO_ADVICE
-    demand = _demand(ctx, queued)
     per_seq = lim.kv_share_when_queued / cap if np.isfinite(lim.kv_share_when_queued) else 0.0
     allowed = int(KV_TARGET / per_seq) if per_seq > 0 else demand
     to = min(demand, allowed)
@@ -90,13 +67,13 @@ def seq_cap_advice(ctx: TriageContext, lim, target: str = "ttft.p50") -> tuple[s
 def token_budget_advice(ctx: TriageContext, lim) -> tuple[str, Action | None]:
     """The token budget held the queue: raise it so a step can admit the waiting
     requests' prompts (bounded at four times the budget: one change at a time)."""
-    budget, queued = lim.token_budget, _queued_steps(ctx)
-    if not budget or queued is None or not len(queued):
+    budget = lim.token_budget
+    if not budget or not lim.steps_with_queue or lim.demand_p90 is None:
         return NO_ADVICE
     prompts = ctx.run.requests["prompt_tokens"].to_numpy("float64", na_value=np.nan)
     if not np.isfinite(prompts).any():
         return NO_ADVICE
-    waiting = float(np.percentile(queued["num_waiting"].fillna(0).to_numpy(), 90))
+    waiting = lim.waiting_p90
     want = budget + waiting * float(np.nanmean(prompts))
     to = int(math.ceil(min(4 * budget, want) / 256) * 256)
     if to <= budget:
@@ -119,7 +96,7 @@ def kv_advice(ctx: TriageContext) -> tuple[str, Action | None]:
     """A pool that preempts or blocks admission: the blocks the demand needs — as many
     requests as wanted to run (capped by max_num_seqs) at the 90th percentile of a
     request's full length (prompt + output) — planned to be at most KV_TARGET full."""
-    pool = _pool_blocks(ctx)
+    pool = pool_blocks(ctx.run.steps)
     r = ctx.run.requests
     block = ctx.engine_setting("block_size", "cache", "block_size") or 16
     lengths = (r["prompt_tokens"] + r["output_tokens"]).to_numpy("float64", na_value=np.nan)

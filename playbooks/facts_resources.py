@@ -8,7 +8,7 @@ import pandas as pd
 
 from ..analyzers.actions import Setting, other_action, run_action
 from ..analyzers.findings import IdList
-from ..analyzers.scheduler import KV_FULL
+from ..analyzers.scheduler import KV_FULL, kv_pool, pool_blocks
 from .advice import NO_ADVICE, kv_advice
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
 
@@ -134,8 +134,7 @@ def preemption_rate(ctx: TriageContext) -> Fact | Unavailable:
     e = ctx.run.request_events
     admitted = e[(e["kind"] == "scheduled").to_numpy()]["request_id"].nunique()
     steps = ctx.run.steps
-    pool = (steps["kv_blocks_used"] + steps["kv_blocks_free"]).to_numpy("float64", na_value=np.nan)
-    used = steps["kv_blocks_used"].to_numpy("float64", na_value=np.nan)
+    used, pool = kv_pool(steps)
     peak = float(np.nanmax(used / pool)) if len(steps) and np.isfinite(pool).any() else np.nan
     value = pre.count / admitted if admitted else 0.0
     evidence = (
@@ -146,11 +145,7 @@ def preemption_rate(ctx: TriageContext) -> Fact | Unavailable:
         ev("recomputed_tokens", "tokens recomputed", pre.recomputed_tokens),
         ev("cost_ms", "estimated recompute cost", ms(pre.recompute_cost_s), "ms"),
         ev("waiting_s", "time preempted requests waited", pre.waiting_s, "s"),
-        ev(
-            "pool_blocks",
-            "KV pool (blocks)",
-            int(np.nanmax(pool)) if np.isfinite(pool).any() else None,
-        ),
+        ev("pool_blocks", "KV pool (blocks)", pool_blocks(steps)),
         ev("kv_peak_pct", "peak KV use", peak, "%"),
     )
     advice, action = kv_advice(ctx) if pre.count else NO_ADVICE
@@ -174,8 +169,7 @@ def kv_full_share(ctx: TriageContext, full: float) -> Fact | Unavailable:
     steps = ctx.run.steps
     if not len(steps):
         return Unavailable("the run has no steps table")
-    used = steps["kv_blocks_used"].to_numpy("float64", na_value=np.nan)
-    pool = used + steps["kv_blocks_free"].to_numpy("float64", na_value=np.nan)
+    used, pool = kv_pool(steps)
     waiting = steps["num_waiting"].to_numpy("float64", na_value=np.nan)
     if not np.isfinite(pool).any() or not np.isfinite(waiting).any():
         return Unavailable("the steps table records no KV blocks or queue depths")
