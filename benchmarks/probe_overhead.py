@@ -52,7 +52,6 @@ def one_run(engine_options, spec, mode: str, tmp: Path, window_steps=None) -> di
                            environment_info={"benchmark": True})  # fmt: skip
         if window_steps:
             window = ProfilerWindow(*window_steps, engine_options.device, writer.path)
-            window.prepare()
         from perfdiag.probes.cuda_timing import make_step_timer
 
         engine.observer = sink = RunRecorder(

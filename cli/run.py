@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ..errors import ConfigError
 from .app import app, out
+from .signals import sigterm_as_interrupt
 
 ENGINE = "Engine"
 WORKLOAD = "Workload"
@@ -365,19 +366,24 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
             elapsed = time.monotonic() - started
             live.update(_progress_table(p, elapsed))
 
-    try:
-        if live is not None:
-            live.start()
-        result = record_run(options, out_dir, command=["perfdiag", *sys.argv[1:]],
-                            on_progress=show)  # fmt: skip
-    except KeyboardInterrupt:
-        if live is not None:
-            live.stop()
-        out.print(f"[yellow]interrupted[/]: everything recorded is kept in {out_dir}")
-        raise typer.Exit(130) from None
-    finally:
-        if live is not None:
-            live.stop()
+    with sigterm_as_interrupt() as term:
+        try:
+            if live is not None:
+                live.start()
+            result = record_run(options, out_dir, command=["perfdiag", *sys.argv[1:]],
+                                on_progress=show)  # fmt: skip
+        except KeyboardInterrupt:
+            if live is not None:
+                live.stop()
+            how = "terminated" if term.received else "interrupted"
+            if (out_dir / "manifest.json").exists():
+                out.print(f"[yellow]{how}[/]: everything recorded is kept in {out_dir}")
+            else:  # stopped while the engine was being built: no run was opened
+                out.print(f"[yellow]{how}[/] before the run started: nothing was recorded")
+            raise typer.Exit(143 if term.received else 130) from None
+        finally:
+            if live is not None:
+                live.stop()
     _print_summary(result.path)
     if http is not None:  # a client-bound run measures the client: say so
         from ..traces.manifest import read_manifest

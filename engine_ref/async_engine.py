@@ -128,8 +128,16 @@ class AsyncLLMEngine:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        loop = asyncio.get_running_loop()
+        # After the step in flight (one worker, first in first out), on the stepping thread.
+        with contextlib.suppress(Exception):
+            await loop.run_in_executor(self._executor, self._close_observer)
         # Off the event loop: the step in flight may take a while to end.
-        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+        await loop.run_in_executor(None, self._executor.shutdown, True)
+
+    def _close_observer(self) -> None:
+        if self.engine.observer is not None:
+            self.engine.observer.on_close()
 
     async def __aenter__(self) -> AsyncLLMEngine:
         return self

@@ -105,6 +105,10 @@ class EngineObserver:
     def on_step(self, event: StepEvent) -> None:
         pass
 
+    def on_close(self) -> None:
+        """On the stepping thread, after its last step (`AsyncLLMEngine.close`): whatever
+        is bound to that thread (a torch.profiler session) must end here."""
+
 
 class RecordingObserver(EngineObserver):
     """Keeps every event in lists; used by tests and handy for quick looks."""

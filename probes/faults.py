@@ -109,6 +109,9 @@ class FaultObserver(EngineObserver):
         self.inner.on_step(event)
         spend(self.faults.step_gap_ms * 1e-3, self.faults.busy)
 
+    def on_close(self) -> None:
+        self.inner.on_close()
+
 
 @contextlib.contextmanager
 def burning(processes: int) -> Iterator[None]:

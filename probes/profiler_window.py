@@ -2,7 +2,13 @@
 
 The profiler starts when step FIRST begins and stops when step LAST ends, in the engine's
 own thread (through the step hooks), with a `perfdiag::step N` annotation around each
-step. The raw Kineto trace is kept under `raw/`; its events are imported as spans whose
+step. That thread is the profiler's only owner: torch keeps a profiling session in the
+state of the thread that started it, and stopping it from another thread finds no session
+and crashes the process at exit. So a window still open when the engine stops (the run's
+end, Ctrl-C, SIGTERM, a failed step) is closed on that thread too, through the engine's
+`on_close` hook; `finish()` on another thread never touches a running profiler.
+
+The raw Kineto trace is kept under `raw/`; its events are imported as spans whose
 `step_id` is the step they ran in (GPU work: the step of the launch that queued it).
 
 Clocks: Kineto writes wall-clock µs. `perfdiag::clock_sync` annotations, each entered
@@ -38,18 +44,16 @@ class ProfilerWindow:
         self.steps: set[int] = set()
         self.overheads: list[tuple[str, int, int]] = []  # (what, start_ns, dur_ns)
         self.active = False
+        self.ended_inside = False  # the engine stopped before step LAST ended
+        self._owner: int | None = None  # the thread that started the profiler
 
     # -- called from the engine thread through the recorder --------------------------------
-    # The profiler starts *between* steps (after step FIRST-1, or before the run for step
-    # 0) and stops after step LAST: its own start-up and shutdown never inflate a step.
-    def prepare(self) -> None:
-        """Before the run: a window from step 0 starts now."""
-        if self.first == 0:
-            self._start()
-
+    # The profiler starts *between* steps (after step FIRST-1) and stops after step LAST:
+    # its own start-up and shutdown never inflate a step. A window from step 0 has no step
+    # before it, so its start-up falls inside step 0 (recorded as a probe span like the rest).
     def on_step_begin(self, step_id: int, start_ns: int) -> None:
-        if step_id == self.first and self._prof is None:
-            self._start()  # only if step FIRST-1 was never seen
+        if step_id >= self.first and step_id <= self.last and self._prof is None:
+            self._start()  # step FIRST-1 was never seen
         if self.active:
             from torch.autograd.profiler import record_function
 
@@ -67,6 +71,12 @@ class ProfilerWindow:
         elif step_id == self.first - 1 and self._prof is None:
             self._start()
 
+    def close(self) -> None:
+        """The engine stopped (on its stepping thread): end a window still open."""
+        if self.active:
+            self.ended_inside = True
+            self._stop()
+
     def _start(self) -> None:
         from torch.autograd.profiler import record_function
         from torch.profiler import ProfilerActivity, profile
@@ -83,27 +93,31 @@ class ProfilerWindow:
                 after = time.monotonic_ns()
             self._sync.append((before, after))
         self.overheads.append(("profiler_start", t, time.monotonic_ns() - t))
+        self._owner = threading.get_ident()
         self.active = True
 
     def _stop(self) -> None:
         t = time.monotonic_ns()
+        self.active = False  # even if stop raises: it is never tried twice
         self._prof.stop()
         self.overheads.append(("profiler_stop", t, time.monotonic_ns() - t))
-        self.active = False
 
     # -- after the run ---------------------------------------------------------------------
     def finish(self, writer, clock: dict) -> dict:
         """Stop if still running, keep the raw trace, import its spans into `writer`.
         Returns what the manifest should say about the window."""
         info: dict = {"requested_steps": [self.first, self.last]}
+        if self.active:
+            if threading.get_ident() != self._owner:  # never stop it from another thread
+                info["captured_steps"] = None
+                info["reason"] = "the engine did not stop its profiler; the window is lost"
+                return info
+            self.close()
         if self._prof is None or not self.steps:
-            if self._prof is not None:
-                self._prof.stop()
             info["captured_steps"] = None
             info["reason"] = "the run ended before the window's first step"
             return info
-        if self.active:
-            self._stop()
+        if self.ended_inside:
             info["note"] = "the run ended inside the window"
         self.trace_path.parent.mkdir(exist_ok=True)
         self._prof.export_chrome_trace(str(self.trace_path))

@@ -97,6 +97,10 @@ class RunRecorder(EngineObserver):
                     e.cpu_blocks_used, cpu_ns, switches, e.blocked_by or None))  # fmt: skip
         self.steps_recorded += 1
 
+    def on_close(self) -> None:
+        if self._window is not None:
+            self._window.close()  # the profiler stops on the thread that started it
+
     # -- client side ---------------------------------------------------------------------
     def client_event(self, request_id: str, kind: str, ts_ns: int, num_tokens: int | None) -> None:
         self._event((request_id, kind, ts_ns, "client", None, num_tokens, None, None))

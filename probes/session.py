@@ -81,7 +81,6 @@ def record_run(
         if options.probes.profile_steps is not None:
             first, last = options.probes.profile_steps
             window = ProfilerWindow(first, last, options.engine.device, out_dir)
-            window.prepare()
         step_timer = make_step_timer(options.engine.device, options.probes.nvtx)
         if options.probes.triton_launches and engine.config.resolved_kernel_backend == "triton":
             from .triton_probe import TritonProbe
