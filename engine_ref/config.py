@@ -19,6 +19,9 @@ ATTENTION_BACKENDS = ("sdpa", "naive")
 KERNEL_BACKENDS = ("auto", "torch", "triton")  # auto: torch on the CPU, triton on CUDA
 PREEMPTION_MODES = ("recompute", "swap")
 POLICIES = ("fcfs", "prefix")
+# Weight-only quantisation (quant.py): "float" weights in the run's dtype, or GGUF blocks
+# kept packed and dequantised inside the matmul.
+WEIGHT_FORMATS = ("float", "q4_1", "q8_0")
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -120,7 +123,11 @@ class ModelConfig:
     @classmethod
     def preset(cls, name: str, **overrides) -> ModelConfig:
         if name not in PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+            from .gguf_loader import FILE_PRESETS
+
+            raise ConfigError(
+                f"unknown model preset {name!r}; choose one of {sorted([*PRESETS, *FILE_PRESETS])}"
+            )
         return replace(PRESETS[name], **overrides)
 
 
@@ -227,7 +234,8 @@ class EngineConfig:
     attention_backend: str = "sdpa"
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     seed: int = 0  # the sampler's generator for requests without their own seed
-    model_path: str | None = None  # a local Hugging Face directory whose weights to load
+    model_path: str | None = None  # a local Hugging Face directory or a .gguf file to load
+    weight_format: str = "float"  # one of WEIGHT_FORMATS
     # "triton": norms, RoPE, SiLU-and-multiply and paged attention run as the kernels of
     # engine_ref/kernels (attention_backend is then unused); "torch": the PyTorch path.
     kernel_backend: str = "auto"
@@ -247,6 +255,10 @@ class EngineConfig:
         _require(
             self.attention_backend in ATTENTION_BACKENDS,
             f"attention_backend {self.attention_backend!r} is not one of {ATTENTION_BACKENDS}",
+        )
+        _require(
+            self.weight_format in WEIGHT_FORMATS,
+            f"weights {self.weight_format!r} is not one of {WEIGHT_FORMATS}",
         )
         _require(
             self.kernel_backend in KERNEL_BACKENDS,

@@ -20,6 +20,7 @@ import torch
 from ..errors import ConfigError
 from .block_manager import BlockManager, hash_root
 from .config import EngineConfig
+from .gguf_loader import is_gguf, load_gguf_weights
 from .hooks import (
     NO_STEP,
     EngineObserver,
@@ -56,11 +57,19 @@ def build_model(config: EngineConfig) -> LlamaModel:
 
         check_device(config.device)
     model = LlamaModel(config.model, config.attention_backend, kernels)
-    if config.model_path is not None:
+    packed: dict = {}
+    if is_gguf(config.model_path):
+        packed = load_gguf_weights(model, config.model_path, config.weight_format != "float")
+    elif config.model_path is not None:
         load_weights(model, config.model_path)
     else:
         init_random_weights(model, config.model)
-    return model.to(device=config.device, dtype=torch_dtype(config.dtype)).eval()
+    model = model.to(device=config.device, dtype=torch_dtype(config.dtype)).eval()
+    if config.weight_format != "float":  # weight-only quantisation (quant.py)
+        from .quant import quantize_model
+
+        quantize_model(model, config.weight_format, packed)
+    return model
 
 
 class LLMEngine:
@@ -114,7 +123,8 @@ class LLMEngine:
         self.tokenizer = tokenizer or load_tokenizer(
             config.model_path, mcfg.bos_token_id, (mcfg.eos_token_ids or (None,))[0]
         )
-        self.fingerprint = mcfg.fingerprint(config.dtype)
+        quant = "" if config.weight_format == "float" else f"+{config.weight_format}"
+        self.fingerprint = mcfg.fingerprint(config.dtype + quant)
         eos = set(mcfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)

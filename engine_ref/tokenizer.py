@@ -67,7 +67,12 @@ class HFTokenizer:
 def load_tokenizer(
     model_dir: str | Path | None, bos_token_id: int | None = None, eos_token_id: int | None = None
 ) -> Tokenizer:
-    """The directory's tokenizer.json when present, else the byte tokenizer."""
+    """A GGUF file's own tokenizer, a directory's tokenizer.json when present, else the byte
+    tokenizer."""
+    if model_dir is not None and str(model_dir).endswith(".gguf"):
+        from .gguf_tokenizer import GGUFTokenizer
+
+        return GGUFTokenizer(model_dir)
     if model_dir is not None:
         path = Path(model_dir) / "tokenizer.json"
         if path.is_file():
