@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..traces import environment
 from ..traces.manifest import COMPLETE, CRASHED, INTERRUPTED
-from ..traces.writer import RunWriter
+from ..traces.writer import RunWriter, WriteFailedError
 from .client import ClientResult, Progress, drive
 from .http_target import HttpTarget
 from .recorder import RunRecorder
@@ -206,6 +206,8 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
                            config={"run_options": options.to_dict(),
                                    "target": asdict(info) | {"api_key": None}},
                            environment_info=environment.fingerprint())  # fmt: skip
+        loop, main = asyncio.get_running_loop(), asyncio.current_task()
+        writer.on_failure(lambda: loop.call_soon_threadsafe(main.cancel))  # stop writing now
         recorder = HttpRecorder(writer, target)
         target.on_event = recorder.client_event
         counters = writer.table("counters").append
@@ -239,4 +241,9 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         await target.close()
         if writer is not None:
             writer.close(status)
+            if writer.failure is not None:
+                raise WriteFailedError(
+                    f"{out_dir}: {writer.failure}: the run stopped; everything written "
+                    f"before it is kept ({writer.rows_lost:,} rows were lost)"
+                )
     return status

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..traces import environment
 from ..traces.manifest import COMPLETE, CRASHED, INTERRUPTED
-from ..traces.writer import RunWriter
+from ..traces.writer import RunWriter, WriteFailedError
 from .client import Progress, drive
 from .cuda_timing import make_step_timer
 from .device_sampler import DeviceSampler
@@ -100,11 +100,15 @@ def record_run(
             sampler = DeviceSampler(writer.table("counters").append,
                                     options.probes.sample_period_s).start()  # fmt: skip
         progress = Progress(total=len(planned))
-        asyncio.run(_drive(engine, planned, options, progress, on_progress, progress_interval_s))
+        asyncio.run(_drive(engine, planned, options, progress, on_progress, progress_interval_s,
+                           writer))  # fmt: skip
         status = COMPLETE
     except KeyboardInterrupt:
         status = INTERRUPTED
         raise
+    except asyncio.CancelledError:  # the writer stopped the run (see _drive)
+        if writer.failure is None:
+            raise
     finally:
         engine.observer = None
         gc_probe.detach()
@@ -115,14 +119,26 @@ def record_run(
         if sampler is not None:
             sampler.stop()
         if window is not None:
-            info = window.finish(writer, writer.manifest.clock)
+            try:
+                info = window.finish(writer, writer.manifest.clock)
+            except (OSError, RuntimeError) as e:  # say, no room for the raw trace
+                info = {"captured_steps": None, "reason": f"the trace was not kept: {e}"}
             writer.update_manifest(extra={**writer.manifest.extra, "profiler_window": info})
         writer.close(status)
+    if writer.failure is not None:
+        raise WriteFailedError(
+            f"{out_dir}: {writer.failure}: the run stopped; everything written before it is "
+            f"kept ({writer.rows_lost:,} rows were lost)"
+        )
     return SessionResult(out_dir, status, progress)
 
 
-async def _drive(engine, planned, options, progress, on_progress, interval_s) -> None:
+async def _drive(engine, planned, options, progress, on_progress, interval_s, writer) -> None:
     from ..engine_ref import AsyncLLMEngine
+
+    # A failed write stops the run now, as Ctrl-C would, instead of recording into memory.
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    writer.on_failure(lambda: loop.call_soon_threadsafe(task.cancel))
 
     engine_target = EngineTarget(AsyncLLMEngine(engine))
     sink = engine.observer

@@ -122,10 +122,14 @@ def write_manifest(run_dir: Path, manifest: Manifest) -> None:
     """Replace the manifest atomically and durably."""
     path = Path(run_dir) / MANIFEST
     tmp = path.with_name(MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(manifest.to_json())
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            f.write(manifest.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        tmp.unlink(missing_ok=True)  # the old manifest stays whole
+        raise
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

@@ -7,6 +7,12 @@ straight to the OS, so a process killed at any point leaves every flushed batch
 readable (the reader ignores an incomplete last message). `close()` compacts the streams
 into Parquet and marks the run complete (or interrupted / crashed).
 
+A failed write (disk full, I/O error, permission lost) stops writing at once: the flusher
+drops what is still buffered (counted as `rows_lost`), callbacks registered with
+`on_failure` stop the recording, and `close()` keeps every batch already on disk readable
+(the streams stay where Parquet cannot be written) and marks the run crashed, with the
+cause, when the manifest can still be written.
+
 A writer holds an exclusive `flock` on `.writer.lock` for its lifetime: a reader that can
 take the lock knows no writer is alive, which is how a run that still says "running" is
 recognised as crashed.
@@ -24,6 +30,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +53,22 @@ ROW_GROUP_ROWS = 1 << 20  # large row groups read fastest
 
 def utc_now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class WriteFailedError(PerfdiagError):
+    """Writing the run failed (disk full, I/O error): the run stopped."""
+
+
+def describe_os_error(e: BaseException) -> str:
+    """One line for a failed write: the OS's words when there are some."""
+    errno = getattr(e, "errno", None)
+    if errno is not None:
+        return os.strerror(errno)
+    text = str(e)
+    for marker in ("No space left on device", "Input/output error", "Permission denied"):
+        if marker in text:  # pyarrow's OSError keeps errno only in its text
+            return marker
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 class TableAppender:
@@ -90,6 +113,12 @@ class TableAppender:
     def pending(self) -> int:
         return len(self._rows)
 
+    def discard(self) -> int:
+        """Drop every buffered row (after a failed write): how many were dropped."""
+        n = len(self._rows)
+        del self._rows[:n]
+        return n
+
     def seconds_since_write(self) -> float:
         return time.monotonic() - self._last_write
 
@@ -128,6 +157,11 @@ class TableAppender:
         self.flush()
         with self._io_lock:
             self._stream.close()
+            self._file.close()
+
+    def abandon(self) -> None:
+        """Close the file without writing more (after a failed write)."""
+        with self._io_lock, contextlib.suppress(OSError, pa.ArrowException):
             self._file.close()
 
     def _to_batch(self, rows: list[tuple]) -> pa.RecordBatch:
@@ -210,6 +244,8 @@ class RunWriter:
         self._flush_interval_s = flush_interval_s
         self._batch_rows = batch_rows
         self._error: BaseException | None = None
+        self._failure_callbacks: list[Callable[[], None]] = []
+        self.rows_lost = 0  # buffered when writing failed, never written
         self._closed = False
         self._stop = threading.Event()
         self._flusher = threading.Thread(
@@ -231,19 +267,50 @@ class RunWriter:
     def manifest(self) -> Manifest:
         return self._manifest
 
-    def update_manifest(self, **changes: Any) -> None:
-        """Record more about the run (say, the resolved config) while it is running."""
+    def update_manifest(self, **changes: Any) -> bool:
+        """Record more about the run (say, the resolved config) while it is running.
+        Returns whether it reached the disk (a failed write stops the run instead)."""
         import dataclasses
 
         self._manifest = dataclasses.replace(self._manifest, **changes)
-        write_manifest(self.path, self._manifest)
+        try:
+            write_manifest(self.path, self._manifest)
+        except OSError as e:
+            self._fail(e)
+            return False
+        return True
 
     def flush(self) -> None:
         """Write every buffered row now (the background thread also does this)."""
-        for table in self._tables.values():
-            table.flush()
+        if self._error is None:
+            try:
+                for table in self._tables.values():
+                    table.flush()
+            except (OSError, pa.ArrowException) as e:
+                self._fail(e)
         if self._error is not None:
-            raise PerfdiagError(f"{self.path}: writing failed: {self._error}") from self._error
+            raise WriteFailedError(f"{self.path}: {self.failure}") from None
+
+    @property
+    def failure(self) -> str | None:
+        """What went wrong writing the run, in one line; None while all is well."""
+        if self._error is None:
+            return None
+        return f"writing the run failed ({describe_os_error(self._error)})"
+
+    def on_failure(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the flusher's thread) if a write fails: stop the run."""
+        self._failure_callbacks.append(callback)
+        if self._error is not None:
+            callback()
+
+    def _fail(self, e: BaseException) -> None:
+        if self._error is not None:
+            return
+        self._error = e
+        for callback in self._failure_callbacks:
+            with contextlib.suppress(Exception):
+                callback()
 
     # -- ending --------------------------------------------------------------------------
     def close(self, status: str = COMPLETE) -> None:
@@ -256,7 +323,14 @@ class RunWriter:
         self._stop.set()
         self._flusher.join()
         for table in self._tables.values():
-            table.close()
+            if self._error is None:
+                try:
+                    table.close()
+                    continue
+                except (OSError, pa.ArrowException) as e:
+                    self._fail(e)
+            self.rows_lost += table.discard()
+            table.abandon()
         tables = {name: self._compact(name) for name in self._tables}
         dropped = {n: t.dropped for n, t in self._tables.items() if t.dropped}
         extra = dict(self._manifest.extra)
@@ -265,9 +339,18 @@ class RunWriter:
             extra["first_drop_error"] = next(
                 t.first_error for t in self._tables.values() if t.first_error
             )
-        self.update_manifest(status=status, ended_at=utc_now_iso(), tables=tables, extra=extra)
-        for name in self._tables:
-            stream_path(self.path, name).unlink(missing_ok=True)
+        if self._error is not None:
+            status = CRASHED
+            extra["write_error"] = self.failure
+            extra["rows_lost"] = self.rows_lost
+        if not self.update_manifest(status=status, ended_at=utc_now_iso(), tables=tables,
+                                    extra=extra):  # fmt: skip
+            # The manifest on disk still lists the streams, which stay; with the lock
+            # released below, a reader sees a crashed run and reads them.
+            tables = {}
+        for name, info in tables.items():
+            if info["format"] == "parquet":  # a stream that did not compact is the data
+                stream_path(self.path, name).unlink(missing_ok=True)
         self._release_lock()
 
     def __enter__(self) -> RunWriter:
@@ -308,6 +391,9 @@ class RunWriter:
         # Poll often (cheap) so a burst is written once it fills a batch, bounding memory;
         # write every table at least every flush interval so a crash loses little.
         while not self._stop.wait(FLUSH_POLL_S):
+            if self._error is not None:  # stopped writing: bound memory until close()
+                self.rows_lost += sum(t.discard() for t in self._tables.values())
+                continue
             try:
                 for table in self._tables.values():
                     if (
@@ -316,8 +402,7 @@ class RunWriter:
                     ):
                         table.flush()
             except Exception as e:  # surfaced by flush()/close() in the recording thread
-                self._error = e
-                return
+                self._fail(e)
 
     def _compact(self, name: str) -> dict[str, Any]:
         """Stream the table's IPC file into Parquet, atomically, in bounded memory."""
