@@ -33,7 +33,13 @@ def _opt(*names: str, panel: str, help: str, **kw):
 def run(
     # engine
     preset: Annotated[
-        str | None, _opt("--preset", panel=ENGINE, help="Model preset: tiny, small [small].")
+        str | None,
+        _opt(
+            "--preset",
+            panel=ENGINE,
+            help="Model preset: tiny, small (random weights), smollm2-135m (a real model, "
+            "the models extra) [small].",
+        ),
     ] = None,
     model_dir: Annotated[
         Path | None,
@@ -41,6 +47,18 @@ def run(
             "--model-dir",
             panel=ENGINE,
             help="A local Hugging Face checkpoint (config.json, *.safetensors).",
+        ),
+    ] = None,
+    model_file: Annotated[
+        Path | None,
+        _opt("--model-file", panel=ENGINE, help="A GGUF file (llama.cpp's format, llama models)."),
+    ] = None,
+    weights: Annotated[
+        str | None,
+        _opt(
+            "--weights",
+            panel=ENGINE,
+            help="float, or q4_1 / q8_0: weights kept packed, dequantised in the matmul [float].",
         ),
     ] = None,
     device: Annotated[
@@ -119,7 +137,8 @@ def run(
             "--workload",
             "-w",
             panel=WORKLOAD,
-            help="Built-in (chat, long-prefill-mixed, shared-prefix, burst) or a YAML file [chat].",
+            help="Built-in (chat, long-prefill-mixed, shared-prefix, burst, chat-real) or a YAML "
+            "file [chat; chat-real for a real model].",
         ),
     ] = None,
     requests: Annotated[
@@ -270,13 +289,16 @@ def run(
         "max_seqs": max_seqs, "max_batched_tokens": max_batched_tokens,
         "preemption": preemption, "policy": policy, "max_wait_ms": max_wait_ms, "seed": seed,
         "kernel_backend": kernel_backend, "cuda_graphs": True if cuda_graphs else None,
-        "model_seed": model_seed,
+        "model_seed": model_seed, "weights": weights,
+        "model_file": str(model_file) if model_file else None,
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
     if no_chunked_prefill:
         engine_changes["chunk_size"] = None
     engine = dataclasses.replace(base.engine, **engine_changes)
 
+    if not workload and not like and _real_model(engine):
+        workload = REAL_MODEL_WORKLOAD  # natural prompts and EOS, not random token ids
     spec = load_workload(workload) if workload else base.workload
     cancel = None
     if cancel_fraction is not None or cancel_after_tokens is not None or cancel_after_s is not None:
@@ -317,6 +339,15 @@ def run(
     _record(options, out_dir, quiet, http)
 
 
+REAL_MODEL_WORKLOAD = "chat-real"
+
+
+def _real_model(engine) -> bool:
+    from ..engine_ref.gguf_loader import FILE_PRESETS
+
+    return bool(engine.model_file) or (not engine.model_dir and engine.preset in FILE_PRESETS)
+
+
 def _like_options(like: Path):
     from ..probes.run_options import RunOptions
     from ..traces.manifest import read_manifest
@@ -351,7 +382,9 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
     e, w = options.engine, options.workload
     if e.device == "cpu" and e.kernel_backend == "triton":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
-    model = e.model_dir or e.preset
+    model = e.model_file or e.model_dir or e.preset
+    if e.weights != "float":
+        model = f"{model} [{e.weights}]"
     where = f"{model} on {e.device} ({e.resolved_dtype})"
     if http is not None:  # an HTTP server instead of the in-process engine
         from ..probes.http_session import record_http_run

@@ -50,7 +50,15 @@ def serve(
         float,
         _opt("--request-timeout", panel=SERVER, help="Seconds per request, 0 for none [600]."),
     ] = 600.0,
-    preset: Annotated[str, _opt("--preset", panel=ENGINE, help="tiny or small [small].")] = "small",
+    preset: Annotated[
+        str, _opt("--preset", panel=ENGINE, help="tiny, small or smollm2-135m (real) [small].")
+    ] = "small",
+    model_file: Annotated[
+        Path | None, _opt("--model-file", panel=ENGINE, help="A GGUF file (llama models).")
+    ] = None,
+    weights: Annotated[
+        str, _opt("--weights", panel=ENGINE, help="float, q4_1 or q8_0 (packed) [float].")
+    ] = "float",
     model_dir: Annotated[
         Path | None, _opt("--model-dir", panel=ENGINE, help="A local Hugging Face checkpoint.")
     ] = None,
@@ -91,8 +99,11 @@ def serve(
                                    device=device, dtype=dtype, kv_cache_mb=kv_cache_mb,
                                    kv_blocks=kv_blocks, chunk_size=chunk_size,
                                    prefix_cache=prefix_cache, max_seqs=max_seqs,
-                                   max_batched_tokens=max_batched_tokens, seed=seed)  # fmt: skip
-    name = served_model_name or (model_dir.name if model_dir else preset)
+                                   max_batched_tokens=max_batched_tokens, seed=seed,
+                                   model_file=str(model_file) if model_file else None,
+                                   weights=weights)  # fmt: skip
+    default_name = model_file.stem if model_file else model_dir.name if model_dir else preset
+    name = served_model_name or default_name
     config = ServerConfig(host=host, port=port, model_name=name, api_key=api_key,
                           max_waiting=max_waiting,
                           request_timeout_s=request_timeout or None)  # fmt: skip

@@ -34,6 +34,8 @@ class EngineOptions:
     kernel_backend: str = "auto"  # torch on the CPU, triton on CUDA (engine_ref/kernels)
     cuda_graphs: bool = False  # decode steps replayed from CUDA graphs (CUDA, triton)
     model_seed: int = 0  # a preset's random weights (another seed: another model)
+    model_file: str | None = None  # a GGUF file (llama.cpp's format) instead of a preset
+    weights: str = "float"  # float, or q4_1 / q8_0 kept packed (weight-only quantisation)
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
@@ -51,8 +53,13 @@ class EngineOptions:
     def engine_config(self):
         """The engine's own (validated) configuration."""
         from ..engine_ref.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+        from ..engine_ref.gguf_loader import FILE_PRESETS, preset_file, read_gguf_config
 
-        if self.model_dir:
+        model_path = self.model_dir
+        if self.model_file or (not self.model_dir and self.preset in FILE_PRESETS):
+            model_path = self.model_file or str(preset_file(self.preset))
+            model = read_gguf_config(model_path)
+        elif self.model_dir:
             from ..engine_ref.loader import read_model_config
 
             model = read_model_config(self.model_dir)
@@ -80,7 +87,8 @@ class EngineOptions:
             device=self.device,
             dtype=self.resolved_dtype,
             seed=self.seed,
-            model_path=self.model_dir,
+            model_path=model_path,
+            weight_format=self.weights,
             kernel_backend=self.kernel_backend,
             cuda_graphs=self.cuda_graphs,
         )

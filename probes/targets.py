@@ -49,10 +49,13 @@ class EngineTarget:
         params = SamplingParams(
             temperature=self.temperature,
             max_tokens=request.max_tokens,
-            ignore_eos=self.ignore_eos,
+            ignore_eos=self.ignore_eos and not request.stop_at_eos,
             seed=request.index,
         )
         prompt = list(request.prompt_ids) if request.prompt_ids is not None else request.prompt_text
+        template = getattr(self.engine.engine.tokenizer, "apply_chat_template", None)
+        if request.chat and template is not None:  # a real model's own chat format
+            prompt = template([{"role": "user", "content": prompt}])
         outputs = self.engine.generate(prompt, params, request.request_id)
         try:
             async for out in outputs:

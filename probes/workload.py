@@ -154,9 +154,19 @@ class WorkloadSpec:
     cancel: CancelSpec = field(default_factory=CancelSpec)
     replay: str | None = None  # JSONL file of requests
     replay_timestamps: bool = False  # use the file's timestamp_s as the arrival schedule
+    # A built-in prompt set of real text (prompt_sets.py): one user message per request,
+    # chat-templated by the target; prompt_len is then unused.
+    prompts: str | None = None
+    # Requests end on the model's EOS, output_len only capping them (a real model's
+    # natural lengths); off, output_len is forced (EOS ignored). --output-len turns it off.
+    stop_at_eos: bool = False
 
     def __post_init__(self) -> None:
         _require(self.requests >= 1, "a workload needs at least one request")
+        if self.prompts is not None:
+            from .prompt_sets import prompt_set
+
+            prompt_set(self.prompts)
         _require(0 <= self.warmup < self.requests, "warmup must be within [0, requests)")
         _require(self.seed >= 0, "seed must be >= 0")
 
@@ -176,6 +186,8 @@ class PlannedRequest:
     cancel_after_tokens: int | None = None
     cancel_after_s: float | None = None
     is_warmup: bool = False
+    chat: bool = False  # prompt_text is a user message for the model's chat template
+    stop_at_eos: bool = False  # max_tokens caps the output; EOS ends it
 
     @property
     def prompt_len(self) -> int | None:
@@ -219,6 +231,8 @@ def plan(spec: WorkloadSpec, vocab_size: int) -> list[PlannedRequest]:
     groups, prefixes = _prefix_groups(spec, n, vocab_size, rng_prefix)
     offsets = arrival_offsets(spec.arrival, n, rng_arrival)
     cancels = _cancel_mask(spec, n, rng_cancel)
+    if spec.prompts is not None:
+        return _plan_prompt_set(spec, offsets, output_lens, cancels, rng_tokens)
     planned = []
     for i in range(n):
         suffix = rng_tokens.integers(0, vocab_size, size=int(prompt_lens[i])).tolist()
@@ -227,6 +241,21 @@ def plan(spec: WorkloadSpec, vocab_size: int) -> list[PlannedRequest]:
         planned.append(
             _planned(spec, i, offsets, tuple(ids), None, int(output_lens[i]), group, cancels[i])
         )
+    return planned
+
+
+def _plan_prompt_set(spec, offsets, output_lens, cancels, rng) -> list[PlannedRequest]:
+    from .prompt_sets import prompt_set
+
+    texts = prompt_set(spec.prompts)
+    order: list[int] = []
+    while len(order) < spec.requests:  # every prompt once per round, rounds shuffled
+        order.extend(rng.permutation(len(texts)).tolist())
+    planned = []
+    for i in range(spec.requests):
+        text, max_tokens = texts[order[i]], int(output_lens[i])
+        req = _planned(spec, i, offsets, None, text, max_tokens, None, cancels[i])
+        planned.append(dataclasses.replace(req, chat=True, stop_at_eos=spec.stop_at_eos))
     return planned
 
 

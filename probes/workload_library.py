@@ -52,6 +52,8 @@ def override(spec: WorkloadSpec, **changes: Any) -> WorkloadSpec:
     """Apply flags given on the command line; None means "not given". Keys are the spec's
     fields plus the arrival's (`rate`, `concurrency`, `process`, `burstiness`, `mode`)."""
     changes = {k: v for k, v in changes.items() if v is not None}
+    if "output_len" in changes and "stop_at_eos" not in changes:
+        changes["stop_at_eos"] = False  # a given output length is forced, EOS or not
     if "requests" in changes and "warmup" not in changes:
         # Fewer requests than a built-in's warm-up: keep at least one measured request.
         changes["warmup"] = max(0, min(spec.warmup, changes["requests"] - 1))

@@ -168,7 +168,10 @@ class Server:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         req: _Req = request[REQ]
-        gen = p.parse_generation(p.parse_json(await request.read()), GENERATION_PATHS[request.path])
+        template = getattr(self.engine.tokenizer, "apply_chat_template", None)
+        gen = p.parse_generation(
+            p.parse_json(await request.read()), GENERATION_PATHS[request.path], template
+        )
         req.stream = gen.stream
         if gen.model is not None and gen.model != self.config.model_name:
             raise p.ApiError(404, f"the model `{gen.model}` does not exist",

@@ -120,8 +120,9 @@ def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
     raise bad("'prompt' must be a non-empty string or list of token ids", "prompt")
 
 
-def chat_prompt(messages: Any) -> str:
-    """Render messages with a plain template (the byte tokenizer has no chat template)."""
+def chat_prompt(messages: Any, template=None) -> str:
+    """Render messages with the model's chat template (`template(messages)`: a GGUF
+    tokenizer's), else with a plain one (the byte tokenizer has none)."""
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list", "messages")
     parts = []
@@ -138,14 +139,16 @@ def chat_prompt(messages: Any) -> str:
             content = "".join(texts)
         if not isinstance(content, str):
             raise bad(f"messages[{i}].content must be a string", "messages")
-        parts.append(f"<|{m['role']}|>\n{content}\n")
-    return "".join(parts) + "<|assistant|>\n"
+        parts.append((m["role"], content))
+    if template is not None:
+        return template([{"role": role, "content": content} for role, content in parts])
+    return "".join(f"<|{role}|>\n{content}\n" for role, content in parts) + "<|assistant|>\n"
 
 
-def parse_generation(body: dict[str, Any], chat: bool) -> GenerationRequest:
+def parse_generation(body: dict[str, Any], chat: bool, template=None) -> GenerationRequest:
     model = _field(body, "model", (str,), "a string")
     if chat:
-        text, ids = chat_prompt(body.get("messages")), None
+        text, ids = chat_prompt(body.get("messages"), template), None
         max_tokens = _int(body, "max_completion_tokens", low=1)
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens", low=1)
