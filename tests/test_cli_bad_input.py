@@ -35,7 +35,7 @@ def test_missing_manifest(cli, tmp_path):
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "JSON object"),
-        ('{"schema_version": 1}', "lacks"),
+        ('{"schema_version": 1}', "missing required field"),
     ],
 )
 def test_corrupt_manifest(cli, tmp_path, text, fragment):

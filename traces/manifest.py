@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunFormatError, RunNotFoundError, SchemaVersionError
+from . import manifest_model
 from .schema import SCHEMA_VERSION
 
 MANIFEST = "manifest.json"
@@ -52,21 +53,6 @@ class Manifest:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Manifest)}
-_REQUIRED = [n for n, f in _FIELDS.items() if f.default is dataclasses.MISSING and n != "extra"]
-_TYPES = {
-    "schema_version": int,
-    "perfdiag_version": str,
-    "run_id": str,
-    "created_at": str,
-    "status": str,
-    "command": list,
-    "config": dict,
-    "environment": dict,
-    "clock": dict,
-    "source": str,
-    "writer": dict,
-    "tables": dict,
-}
 
 
 def parse_manifest(text: str, where: str = MANIFEST) -> Manifest:
@@ -74,29 +60,20 @@ def parse_manifest(text: str, where: str = MANIFEST) -> Manifest:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise RunFormatError(f"{where} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise RunFormatError(f"{where} is nested too deeply to be a manifest") from None
     if not isinstance(data, dict):
         raise RunFormatError(f"{where} must hold a JSON object")
     version = data.get("schema_version")
-    if isinstance(version, int) and version > SCHEMA_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
         raise SchemaVersionError(
             f"{where} has schema version {version} (written by perfdiag "
             f"{data.get('perfdiag_version', '?')}); this perfdiag reads up to version "
             f"{SCHEMA_VERSION}: upgrade perfdiag to read it"
         )
-    if isinstance(version, int) and version < 1:
-        raise RunFormatError(f"{where}: schema version {version} does not exist")
-    missing = [k for k in _REQUIRED if k not in data]
-    if missing:
-        raise RunFormatError(f"{where} lacks {', '.join(missing)}")
-    for key, typ in _TYPES.items():
-        value = data.get(key)
-        if key in data and (not isinstance(value, typ) or isinstance(value, bool)):
-            raise RunFormatError(f"{where}: {key!r} must be a {typ.__name__}")
-    for key in ("monotonic_ns", "wall_ns"):
-        if not isinstance(data["clock"].get(key), int):
-            raise RunFormatError(f"{where}: clock.{key} must be an integer")
-    if data["status"] not in STATUSES:
-        raise RunFormatError(f"{where}: unknown status {data['status']!r}")
+    problem = manifest_model.validate(data)
+    if problem is not None:
+        raise RunFormatError(f"{where}: {problem}")
     known = {k: v for k, v in data.items() if k in _FIELDS and k != "extra"}
     extra = {k: v for k, v in data.items() if k not in _FIELDS}
     return Manifest(**known, extra=extra)

@@ -53,7 +53,7 @@ class TableSource:
             try:
                 meta = pq.read_metadata(parquet)
             except (pa.ArrowException, OSError) as e:
-                raise RunFormatError(f"{_rel(parquet)} is corrupt or truncated "
+                raise RunFormatError(f"{parquet} is corrupt or truncated "
                                      f"({_first_line(e)})") from None  # fmt: skip
             self.num_rows = meta.num_rows
             self._file_columns = list(meta.schema.to_arrow_schema().names)
@@ -78,9 +78,10 @@ class TableSource:
             wanted = None if columns is None else [c for c in columns if c in self._file_columns]
             dictionary = [c for c in CATEGORICAL[self.name] if c in self._file_columns]
             try:
-                table = pq.read_table(self.parquet, columns=wanted, read_dictionary=dictionary)
+                table = pq.read_table(self.parquet, columns=wanted, read_dictionary=dictionary,
+                                      page_checksum_verification=True)  # fmt: skip
             except (pa.ArrowException, OSError) as e:
-                raise RunFormatError(f"{_rel(self.parquet)} is corrupt or truncated "
+                raise RunFormatError(f"{self.parquet} is corrupt or truncated "
                                      f"({_first_line(e)})") from None  # fmt: skip
         for version in range(self._version, SCHEMA_VERSION):
             table = _UPGRADES[version](self.name, table)
@@ -167,6 +168,7 @@ def load_run(path: str | os.PathLike) -> Run:
     sources, missing, notes = {}, [], []
     for name in ROW_TYPES:
         source, note = _open_table(path, name, manifest.schema_version, tolerate)
+        _check_row_count(path, name, source, manifest)
         if source is None:
             missing.append(name)
             source = TableSource(name, table=SCHEMAS[name].empty_table())
@@ -176,6 +178,19 @@ def load_run(path: str | os.PathLike) -> Run:
     if status == CRASHED:
         notes.insert(0, "the writer stopped without closing the run: it holds what was flushed")
     return Run(path, manifest, status, sources, missing, notes)
+
+
+def _check_row_count(run_dir: Path, name: str, source, manifest: Manifest) -> None:
+    """A compacted table holds the rows the writer counted when it closed the run."""
+    info = manifest.tables.get(name)
+    expected = info.get("rows") if isinstance(info, dict) else None
+    if source is None or source.parquet is None or not isinstance(expected, int):
+        return
+    if source.num_rows != expected:
+        raise RunFormatError(
+            f"{source.parquet} holds {source.num_rows:,} rows but the manifest of {run_dir} "
+            f"says {expected:,}: the file was changed or damaged after the run closed"
+        )
 
 
 def writer_alive(run_dir: Path) -> bool:
@@ -208,14 +223,13 @@ def _open_table(run_dir: Path, name: str, version: int, tolerate: bool):
         for v in range(version, SCHEMA_VERSION):
             table = _UPGRADES[v](name, table)
         note = None
-        if contents.truncated:
+        if contents.damaged:
+            note = (f"{name}: {contents.damaged}: kept the {table.num_rows:,} rows before it, "
+                    f"dropped the rest of the table")  # fmt: skip
+        elif contents.truncated:
             note = f"{name}: ignored an incomplete last batch (the writer was killed mid-write)"
         return TableSource(name, table=conform(name, table)), note
     return None, None
-
-
-def _rel(path: Path) -> str:
-    return f"{path.parent.name}/{path.name}"
 
 
 def _first_line(e: BaseException) -> str:

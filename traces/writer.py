@@ -44,7 +44,7 @@ from . import environment
 from .layout import LOCK_FILE, TABLES_DIR, parquet_path, stream_path
 from .manifest import COMPLETE, CRASHED, INTERRUPTED, RUNNING, Manifest, write_manifest
 from .schema import ROW_TYPES, SCHEMA_VERSION, STORAGE_SCHEMAS
-from .stream import iter_stream
+from .stream import CHECKSUMS, CHECKSUMS_KEY, CRC_KEY, batch_checksum, iter_stream
 
 MAX_FLUSH_INTERVAL_S = 1.0
 FLUSH_POLL_S = 0.05
@@ -103,7 +103,8 @@ class TableAppender:
         self.extend = self._rows.extend
         self._io_lock = threading.Lock()  # keeps batches in append order on disk
         self._file = pa.OSFile(str(path), "wb")  # unbuffered: each batch reaches the OS
-        self._stream = ipc.new_stream(self._file, self.schema)
+        marked = self.schema.with_metadata({CHECKSUMS_KEY: CHECKSUMS})
+        self._stream = ipc.new_stream(self._file, marked)
         self._file.flush()
         self._last_write = time.monotonic()
         self.rows_written = 0
@@ -149,7 +150,7 @@ class TableAppender:
 
     def _write(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows:
-            self._stream.write_batch(batch)
+            self._stream.write_batch(batch, custom_metadata={CRC_KEY: batch_checksum(batch)})
             self._file.flush()
             self.rows_written += batch.num_rows
 
@@ -411,7 +412,9 @@ class RunWriter:
         rows = 0
         try:
             schema = STORAGE_SCHEMAS[name]
-            with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+            # Page checksums: a damaged page of a finished run is an error, not values.
+            with pq.ParquetWriter(tmp, schema, compression="zstd",
+                                  write_page_checksum=True) as out:  # fmt: skip
                 pending: list[pa.RecordBatch] = []
                 for batch in iter_stream(src, schema, tolerate_truncation=False):
                     pending.append(batch)
