@@ -94,14 +94,14 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata):
         t = x.shape[0]
-        qkv = F.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        qkv = self.qkv_proj.forward(x)  # nn.Linear, or quant.QuantLinear (packed weights)
         # RoPE on q and k together: they are adjacent heads of the fused projection.
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         qk = apply_rope(qk, cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         o = self.backend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return F.linear(o.reshape(t, self.q_size), self.o_proj.weight, self.o_proj.bias)
+        return self.o_proj.forward(o.reshape(t, self.q_size))
 
 
 class MLP(nn.Module):
@@ -111,8 +111,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj.weight).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj.weight)
+        gate, up = self.gate_up_proj.forward(x).chunk(2, dim=-1)
+        return self.down_proj.forward(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -169,7 +169,9 @@ class LlamaModel(nn.Module):
         return self.norm.forward(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_weight).float()
+        if self.lm_head is None:  # tied, float
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head.forward(hidden).float()
 
 
 @torch.no_grad()

@@ -10,7 +10,6 @@ order (x + h rounds once to the dtype either way).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .backend import triton_attention
 from .rms_norm import rms_norm
@@ -31,14 +30,14 @@ def triton_forward(model, input_ids, positions, kv_caches, meta) -> torch.Tensor
         else:
             h = rms_norm(x, norm.weight, norm.eps, residual=residual)  # residual += x
         t = h.shape[0]
-        qkv = F.linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias)
+        qkv = attn.qkv_proj.forward(h)  # nn.Linear or quant.QuantLinear
         qk = qkv[:, : attn.q_size + attn.kv_size].view(t, -1, attn.head_dim)
         rope_(qk, positions, cos, sin)  # q and k heads of a token together, in place
         q, k = qk.split([attn.num_heads, attn.num_kv_heads], dim=1)
         v = qkv[:, attn.q_size + attn.kv_size :].view(t, attn.num_kv_heads, attn.head_dim)
         o = triton_attention(q, k, v, k_cache, v_cache, meta, attn.scale)
-        x = F.linear(o.view(t, attn.q_size), attn.o_proj.weight, attn.o_proj.bias)
+        x = attn.o_proj.forward(o.view(t, attn.q_size))
         post = layer.post_attention_layernorm
         h = rms_norm(x, post.weight, post.eps, residual=residual)
-        x = F.linear(silu_mul(F.linear(h, mlp.gate_up_proj.weight)), mlp.down_proj.weight)
+        x = mlp.down_proj.forward(silu_mul(mlp.gate_up_proj.forward(h)))
     return rms_norm(x, model.norm.weight, model.norm.eps, residual=residual)
