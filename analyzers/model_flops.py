@@ -13,12 +13,14 @@ number of steps at once (every field may be an array). Conventions (docs/timelin
   activations read and written once per op, K/V read once per sequence per layer
   (FlashAttention: scores never reach memory), new K/V written once, in `kv_bytes`;
 - RMSNorm 4 FLOPs/element, RoPE 3, SiLU-and-multiply 5, residual add 1;
+- quantised weights (`weight_bytes` packed, `dequant_flops` > 0): each linear layer reads
+  its packed weight once and dequantises it once per step (`for_weight_format`);
 - the final norm runs on every token; the LM head only on sampled positions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pandas as pd
@@ -61,10 +63,15 @@ class ModelShape:
     weight_bytes: float = 2.0
     act_bytes: float = 2.0
     kv_bytes: float = 2.0
+    # Weight-only quantisation: FLOPs per weight each step spends dequantising (d·q + m: 2;
+    # float weights: 0). `weight_bytes` is then the packed size (Q4_1 0.625, Q8_0 1.0625).
+    dequant_flops: float = 0.0
 
     def __post_init__(self):
+        if self.dequant_flops < 0:
+            raise ValueError("model dequant_flops must be >= 0")
         for f in fields(self):
-            if getattr(self, f.name) <= 0:
+            if f.name != "dequant_flops" and getattr(self, f.name) <= 0:
                 raise ValueError(f"model {f.name} must be > 0")
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
@@ -87,6 +94,18 @@ class ModelShape:
             hidden, get("num_layers"), heads, get("num_kv_heads", heads), head_dim,
             get("intermediate_size"), get("vocab_size"), w, w, kv,
         )  # fmt: skip
+
+
+# Packed bytes per weight and dequantisation FLOPs per weight of engine_ref's formats.
+WEIGHT_FORMATS = {"q4_1": (20 / 32, 2.0), "q8_0": (34 / 32, 1.0)}
+
+
+def for_weight_format(m: ModelShape, fmt: str | None) -> ModelShape:
+    """The shape with a quantised run's weight bytes and dequantisation work (float: as is)."""
+    if fmt not in WEIGHT_FORMATS:
+        return m
+    wb, dq = WEIGHT_FORMATS[fmt]
+    return replace(m, weight_bytes=wb, dequant_flops=dq)
 
 
 @dataclass(frozen=True)
@@ -130,13 +149,13 @@ def step_ops(m: ModelShape, s: StepShape, *, causal: str = "exact") -> dict[str,
     S = np.asarray(s.sampled, f8)
     h, L, I, V = m.hidden_size, m.num_layers, m.intermediate_size, m.vocab_size  # noqa: E741
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    wb, ab, kb = m.weight_bytes, m.act_bytes, m.kv_bytes
+    wb, ab, kb, dq = m.weight_bytes, m.act_bytes, m.kv_bytes, m.dequant_flops
     pairs = np.asarray(s.prefill_pairs_exact if causal == "exact" else s.prefill_pairs_full, f8)
     pairs = pairs + np.asarray(s.decode_kv_tokens, f8)
     kv_read = np.asarray(s.prefill_kv_tokens, f8) + np.asarray(s.decode_kv_tokens, f8)
 
-    def linear(k, n, rows):
-        return 2 * rows * k * n, k * n * wb + rows * (k + n) * ab
+    def linear(k, n, rows):  # a quantised weight is dequantised once per step (rows > 0)
+        return 2 * rows * k * n + dq * k * n * (rows > 0), k * n * wb + rows * (k + n) * ab
 
     def norm(rows):
         return 4 * rows * h, 2 * rows * h * ab + h * wb

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..traces.reader import Run
 from .ceilings import Ceilings, resolve
-from .model_flops import ModelShape, StepShape, step_totals
+from .model_flops import ModelShape, StepShape, for_weight_format, step_totals
 
 LATENCY_FLOOR = 0.25
 
@@ -151,6 +151,9 @@ def roofline_report(
     ceilings = ceilings or resolve(run_device(run), ceilings_dir)
     if model is None and (found := find_model_config(config)):
         model = ModelShape.from_dict(found, dtype=dtype)
+        engine = config.get("engine_config") if isinstance(config, dict) else None
+        if isinstance(engine, dict):  # --weights q4_1|q8_0: packed bytes, dequant FLOPs
+            model = for_weight_format(model, engine.get("weight_format"))
     steps = pd.DataFrame()
     if model is not None and len(run.steps):
         s = run.steps
