@@ -1,7 +1,8 @@
 """One error family: anything a user can cause is a PerfdiagError.
 
 The CLI turns a PerfdiagError into one line on stderr and exit code 1; anything else
-escaping is a bug in perfdiag and keeps its traceback.
+escaping is a bug in perfdiag: one line too, exit code 70, and its traceback saved to a
+file (printed with PERFDIAG_DEBUG=1).
 """
 
 

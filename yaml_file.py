@@ -22,6 +22,10 @@ def read_yaml_mapping(
         data = yaml.safe_load(path.read_text())
     except OSError as e:
         raise error(f"{path}: cannot read {what} ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: {what} is not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise error(f"{path}: {what} is nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -45,6 +46,9 @@ def _root(
     """perfdiag: profiling and performance diagnosis for LLM inference."""
 
 
+INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug in perfdiag, not in what the user gave it
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="perfdiag", standalone_mode=True)
@@ -54,3 +58,27 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("perfdiag: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:  # a bug: one line for the user, the traceback kept for a report
+        if os.environ.get("PERFDIAG_DEBUG"):
+            raise
+        where = _save_traceback()
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        print(f"perfdiag: internal error: {type(e).__name__}: {first} (a bug in perfdiag; "
+              f"traceback in {where}; PERFDIAG_DEBUG=1 shows it)", file=sys.stderr)  # fmt: skip
+        sys.exit(INTERNAL_ERROR)
+
+
+def _save_traceback() -> str:
+    import tempfile
+    import time
+    import traceback
+
+    path = os.path.join(tempfile.gettempdir(), f"perfdiag-crash-{time.strftime('%Y%m%d-%H%M%S')}"
+                                               f"-{os.getpid()}.txt")  # fmt: skip
+    try:
+        with open(path, "w") as f:
+            f.write(f"perfdiag {__version__}: {' '.join(sys.argv)}\n\n")
+            f.write(traceback.format_exc())
+    except OSError:
+        return "(could not be saved)"
+    return path

@@ -22,7 +22,9 @@ def calibrate(
             "else ~/.cache/perfdiag/ceilings)."
         ),
     ] = None,
-    seconds: Annotated[float, typer.Option(help="Time budget of each measurement.")] = 0.4,
+    seconds: Annotated[
+        float, typer.Option(help="Time budget of each measurement.", min=0.01, max=60)
+    ] = 0.4,
     cpu_only: Annotated[bool, typer.Option("--cpu-only", help="Skip CUDA devices.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:

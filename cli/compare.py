@@ -26,9 +26,9 @@ def compare(
         bool, typer.Option("--full-run", help="Metrics over whole runs, not steady states.")
     ] = False,
     resamples: Annotated[
-        int, typer.Option(help="Bootstrap resamples for the intervals.", min=100)
+        int, typer.Option(help="Bootstrap resamples for the intervals.", min=100, max=20_000)
     ] = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap.", min=0, max=2**32 - 1)] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Compare two runs: configuration diff, metric deltas with intervals, correctness."""

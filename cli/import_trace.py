@@ -24,7 +24,9 @@ def import_trace(
     ] = False,
     jobs: Annotated[
         int | None,
-        typer.Option(help="Processes per large trace (default: one per core, at most 4)."),
+        typer.Option(
+            help="Processes per large trace (default: one per core, at most 4).", min=1, max=256
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:

@@ -27,7 +27,7 @@ def serve(
         str, _opt("--host", panel=SERVER, help="Address to bind [127.0.0.1: this machine only].")
     ] = "127.0.0.1",
     port: Annotated[
-        int, _opt("--port", panel=SERVER, help="Port (0: any free one) [8000].")
+        int, _opt("--port", panel=SERVER, help="Port (0: any free one) [8000].", min=0, max=65535)
     ] = 8000,
     api_key: Annotated[
         str | None,
@@ -44,11 +44,23 @@ def serve(
     ] = None,
     max_waiting: Annotated[
         int,
-        _opt("--max-waiting", panel=SERVER, help="Waiting requests before 429 [256]."),
+        _opt(
+            "--max-waiting",
+            panel=SERVER,
+            help="Waiting requests before 429 [256].",
+            min=0,
+            max=1_000_000,
+        ),
     ] = 256,
     request_timeout: Annotated[
         float,
-        _opt("--request-timeout", panel=SERVER, help="Seconds per request, 0 for none [600]."),
+        _opt(
+            "--request-timeout",
+            panel=SERVER,
+            help="Seconds per request, 0 for none [600].",
+            min=0,
+            max=86_400,
+        ),
     ] = 600.0,
     preset: Annotated[
         str, _opt("--preset", panel=ENGINE, help="tiny, small or smollm2-135m (real) [small].")

@@ -33,7 +33,9 @@ def _records(frame) -> list[dict]:
 def timeline(
     run: Annotated[Path, typer.Argument(help="A run directory (recorded or imported).")],
     top: Annotated[int, typer.Option(help="Rows in the kernel and op tables.")] = 10,
-    max_windows: Annotated[int, typer.Option(help="Steps shown in the breakdown.")] = 20,
+    max_windows: Annotated[
+        int, typer.Option(help="Steps shown in the breakdown.", min=1, max=100_000)
+    ] = 20,
     ceilings_dir: Annotated[
         Path | None, typer.Option(help="Measured ceilings to use (see `perfdiag calibrate`).")
     ] = None,

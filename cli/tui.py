@@ -2,7 +2,8 @@
 
 The runs are opened here, before the screen is taken over, so a missing or corrupt run
 is one line on stderr and exit code 1; a table found corrupt while the app analyses it
-ends the app the same way."""
+ends the app the same way, and any other error ends it as an internal error (one line,
+its traceback in a file), never a traceback on a screen with exit code 0."""
 
 from __future__ import annotations
 

@@ -32,6 +32,22 @@ def num_blocks_for_bytes(cfg: ModelConfig, block_size: int, dtype: str, nbytes: 
     return n
 
 
+def _check_room(nbytes: int, num_blocks: int, device: torch.device) -> None:
+    """Refuse a pool larger than the device's free memory: on the CPU, zeroed pages are
+    mapped lazily, so an oversized pool would fail much later, as the OOM killer."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    if nbytes > free:
+        raise ConfigError(
+            f"the KV pool ({num_blocks:,} blocks, {nbytes / 2**20:,.0f} MiB) is more than "
+            f"the {free / 2**20:,.0f} MiB free on {device}: lower --kv-cache-mb or --kv-blocks"
+        )
+
+
 class KVCache:
     def __init__(
         self,
@@ -44,14 +60,24 @@ class KVCache:
     ) -> None:
         shape = (cfg.num_kv_heads, cfg.head_dim)
         dt = torch_dtype(dtype)
-        # Zeros, not empty: masked padding reads must never see NaN garbage (0 * NaN = NaN).
-        self.device_kv = torch.zeros(
-            (2, cfg.num_layers, num_blocks, block_size, *shape), dtype=dt, device=device
-        )
+        per_block = 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim
+        per_block *= torch.empty((), dtype=dt).element_size()
+        _check_room(num_blocks * per_block, num_blocks, device)
         pin = device.type == "cuda"
-        self.cpu_kv = torch.zeros(
-            (2, cfg.num_layers, num_cpu_blocks, block_size, *shape), dtype=dt, pin_memory=pin
-        )
+        try:
+            # Zeros, not empty: masked padding reads must never see NaN garbage (0 * NaN = NaN).
+            self.device_kv = torch.zeros(
+                (2, cfg.num_layers, num_blocks, block_size, *shape), dtype=dt, device=device
+            )
+            self.cpu_kv = torch.zeros(
+                (2, cfg.num_layers, num_cpu_blocks, block_size, *shape), dtype=dt, pin_memory=pin
+            )
+        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            raise ConfigError(
+                f"cannot allocate the KV pool ({num_blocks:,} blocks, "
+                f"{num_blocks * per_block / 2**20:,.0f} MiB) on {device}: "
+                f"{str(e).splitlines()[0][:120]}; lower --kv-cache-mb or --kv-blocks"
+            ) from None
         self.device = device
         self.layers = [(self.device_kv[0, i], self.device_kv[1, i]) for i in range(cfg.num_layers)]
 

@@ -198,7 +198,7 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
     info = await target.open()
     status, tasks = CRASHED, []
     try:
-        longest = max((r.prompt_len or 0) + r.max_tokens for r in planned)
+        longest = planned.longest()
         if info.max_model_len is not None and longest > info.max_model_len:
             raise ConfigError(f"the workload asks for up to {longest} tokens per request but "
                               f"the target's context is {info.max_model_len}")  # fmt: skip

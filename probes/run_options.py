@@ -7,11 +7,15 @@ Options are flat and serialisable, so a run records exactly what produced it and
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
 from .workload import WorkloadSpec, spec_from_mapping
+
+MAX_KV_CACHE_MB = 2**24  # 16 TiB: beyond any device; the free memory is checked too
+MAX_SEED = 2**32 - 1  # what every seeded generator here takes
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,16 @@ class EngineOptions:
                 f"chunk size must be >= 1, got {self.chunk_size} "
                 "(use --no-chunked-prefill to turn chunking off)"
             )
-        if self.kv_cache_mb <= 0:
-            raise ConfigError(f"KV cache size must be > 0 MB, got {self.kv_cache_mb}")
+        if not (math.isfinite(self.kv_cache_mb) and 0 < self.kv_cache_mb <= MAX_KV_CACHE_MB):
+            raise ConfigError(
+                f"KV cache size must be a number of MiB in (0, {MAX_KV_CACHE_MB:,}], "
+                f"got {self.kv_cache_mb}"
+            )
+        for name in ("seed", "model_seed"):
+            value = getattr(self, name)
+            if not 0 <= value <= MAX_SEED:
+                raise ConfigError(f"{name.replace('_', ' ')} must be within [0, {MAX_SEED}], "
+                                  f"got {value}")  # fmt: skip
 
     @property
     def resolved_dtype(self) -> str:
@@ -109,8 +121,10 @@ class ProbeOptions:
             if not 0 <= first <= last:
                 raise ConfigError(f"profile steps must be FIRST:LAST with 0 <= FIRST <= LAST, "
                                   f"got {first}:{last}")  # fmt: skip
-        if self.sample_period_s <= 0:
-            raise ConfigError("the sampling period must be > 0")
+        if not (math.isfinite(self.sample_period_s) and 0.001 <= self.sample_period_s <= 3600):
+            raise ConfigError(
+                f"the sampling period must be within [0.001, 3600] s, got {self.sample_period_s}"
+            )
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from .profiler_window import ProfilerWindow
 from .recorder import RunRecorder
 from .run_options import RunOptions
 from .targets import EngineTarget
-from .workload import PlannedRequest, plan
+from .workload import Plan, plan
 
 ProgressCallback = Callable[[Progress], None]
 
@@ -183,11 +183,10 @@ def _build_engine(options: RunOptions):
     return LLMEngine(options.engine.engine_config())
 
 
-def check_workload_fits(planned: list[PlannedRequest], engine) -> None:
+def check_workload_fits(planned: Plan, engine) -> None:
     """Refuse a workload the engine can never serve, before recording anything."""
     max_len = engine.config.max_model_len
-    longest = max(planned, key=lambda r: (r.prompt_len or 0) + r.max_tokens)
-    need = (longest.prompt_len or 0) + longest.max_tokens
+    need = planned.longest()
     if need > max_len:
         raise ConfigError(
             f"the workload asks for up to {need} tokens per request (prompt + output) but the "

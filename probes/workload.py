@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,10 @@ import numpy as np
 from ..errors import ConfigError
 
 ARRIVAL_PROCESSES = ("constant", "poisson", "gamma")
+# Bounds that keep a typo from meaning "forever" or "all memory"; far above any real use.
+MAX_REQUESTS = 10**9
+MAX_RATE = 1e6  # requests/s
+MAX_CONCURRENCY = 10**6
 LENGTH_KINDS = ("fixed", "uniform", "lognormal")
 
 
@@ -104,10 +109,13 @@ class ArrivalSpec:
             _require(self.concurrency is not None and self.concurrency >= 1,
                      "a closed loop needs concurrency >= 1")  # fmt: skip
         else:
-            _require(self.rate is not None and self.rate > 0, "an open loop needs rate > 0")
+            _require(self.rate is not None and 0 < self.rate <= MAX_RATE,
+                     f"an open loop needs a rate in (0, {MAX_RATE:,}] requests/s")  # fmt: skip
             _require(self.concurrency is None or self.concurrency >= 1,
                      "a concurrency cap must be >= 1")  # fmt: skip
-        _require(self.burstiness > 0, "burstiness must be > 0")
+        _require(self.concurrency is None or self.concurrency <= MAX_CONCURRENCY,
+                 f"concurrency must be at most {MAX_CONCURRENCY:,}")  # fmt: skip
+        _require(0 < self.burstiness <= 1000, "burstiness must be within (0, 1000]")
 
 
 @dataclass(frozen=True)
@@ -162,13 +170,15 @@ class WorkloadSpec:
     stop_at_eos: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.requests >= 1, "a workload needs at least one request")
+        _require(1 <= self.requests <= MAX_REQUESTS,
+                 f"a workload has 1 to {MAX_REQUESTS:,} requests, "
+                 f"not {self.requests:,}")  # fmt: skip
         if self.prompts is not None:
             from .prompt_sets import prompt_set
 
             prompt_set(self.prompts)
         _require(0 <= self.warmup < self.requests, "warmup must be within [0, requests)")
-        _require(self.seed >= 0, "seed must be >= 0")
+        _require(0 <= self.seed <= 2**32 - 1, "seed must be within [0, 2**32 - 1]")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,52 +228,110 @@ def spec_from_mapping(data: dict[str, Any]) -> WorkloadSpec:
     return _from_mapping(WorkloadSpec, data, "workload")
 
 
-def plan(spec: WorkloadSpec, vocab_size: int) -> list[PlannedRequest]:
-    """The exact requests of a run: same spec and seed, same requests."""
-    _require(vocab_size >= 2, "vocab_size must be >= 2")
-    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(6)]
-    rng_arrival, rng_len, rng_tokens, rng_prefix, rng_cancel, rng_replay = streams
-    if spec.replay:
-        return _plan_replay(spec, vocab_size, rng_replay, rng_cancel)
-    n = spec.requests
+PLAN_CHUNK = 50_000  # requests drawn at a time: a huge workload starts at once, in bounded memory
+
+
+class Plan:
+    """The exact requests of a run, drawn as they are iterated: same spec and seed, same
+    requests. A workload of up to PLAN_CHUNK requests is drawn in one go; a larger one in
+    chunks of PLAN_CHUNK, chunk k > 0 from its own seed stream (SeedSequence([seed, k])),
+    sharing chunk 0's prefixes and continuing its arrival schedule, so `-n 100000000`
+    starts at once and holds one chunk in memory. Iterating again gives the same requests."""
+
+    def __init__(self, spec: WorkloadSpec, vocab_size: int):
+        _require(vocab_size >= 2, "vocab_size must be >= 2")
+        self.spec, self.vocab_size = spec, vocab_size
+        self._replayed = None
+        if spec.replay:
+            streams = _streams(spec.seed, 0)
+            self._replayed = _plan_replay(spec, vocab_size, streams[5], streams[4])
+
+    def __len__(self) -> int:
+        return len(self._replayed) if self._replayed is not None else self.spec.requests
+
+    def __iter__(self) -> Iterator[PlannedRequest]:
+        if self._replayed is not None:
+            yield from self._replayed
+            return
+        spec, n = self.spec, self.spec.requests
+        prefixes: list | None = None
+        last_offset = None
+        for k, start in enumerate(range(0, n, PLAN_CHUNK)):
+            size = min(PLAN_CHUNK, n - start)
+            streams = _streams(spec.seed, k)
+            chunk, prefixes = _plan_chunk(spec, self.vocab_size, start, size, streams,
+                                          prefixes, last_offset)  # fmt: skip
+            if chunk and chunk[-1].offset_s is not None:
+                last_offset = chunk[-1].offset_s
+            yield from chunk
+
+    def longest(self) -> int:
+        """The most tokens (prompt + output) a request can ask for; a text prompt counts
+        as 0 (its length is known only once the target tokenizes it)."""
+        if self._replayed is not None:
+            return max((r.prompt_len or 0) + r.max_tokens for r in self._replayed)
+        spec = self.spec
+        output = spec.output_len.max
+        if spec.prompts is not None:
+            return output
+        prefix = spec.shared_prefix.length if spec.shared_prefix is not None else 0
+        return prefix + spec.prompt_len.max + output
+
+
+def plan(spec: WorkloadSpec, vocab_size: int) -> Plan:
+    """The exact requests of a run (see Plan)."""
+    return Plan(spec, vocab_size)
+
+
+def _streams(seed: int, chunk: int) -> list[np.random.Generator]:
+    entropy = seed if chunk == 0 else [seed, chunk]
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(entropy).spawn(6)]
+
+
+def _plan_chunk(spec, vocab_size, start, n, streams, prefixes, last_offset):
+    """Requests start..start+n-1, and the shared prefixes (drawn by chunk 0)."""
+    rng_arrival, rng_len, rng_tokens, rng_prefix, rng_cancel, _ = streams
     prompt_lens = spec.prompt_len.sample(rng_len, n)
     output_lens = spec.output_len.sample(rng_len, n)
-    groups, prefixes = _prefix_groups(spec, n, vocab_size, rng_prefix)
-    offsets = arrival_offsets(spec.arrival, n, rng_arrival)
+    groups, drawn = _prefix_groups(spec, n, vocab_size, rng_prefix, draw_prefixes=not prefixes)
+    prefixes = prefixes or drawn
+    offsets = arrival_offsets(spec.arrival, n, rng_arrival, after=last_offset)
     cancels = _cancel_mask(spec, n, rng_cancel)
     if spec.prompts is not None:
-        return _plan_prompt_set(spec, offsets, output_lens, cancels, rng_tokens)
+        return _plan_prompt_set(spec, start, offsets, output_lens, cancels, rng_tokens), prefixes
     planned = []
     for i in range(n):
         suffix = rng_tokens.integers(0, vocab_size, size=int(prompt_lens[i])).tolist()
         group = None if groups is None else int(groups[i])
         ids = (prefixes[group] if group is not None else []) + suffix
-        planned.append(
-            _planned(spec, i, offsets, tuple(ids), None, int(output_lens[i]), group, cancels[i])
-        )
-    return planned
+        offset = None if offsets is None else offsets[i]
+        planned.append(_planned(spec, start + i, offset, tuple(ids), None,
+                                int(output_lens[i]), group, cancels[i]))  # fmt: skip
+    return planned, prefixes
 
 
-def _plan_prompt_set(spec, offsets, output_lens, cancels, rng) -> list[PlannedRequest]:
+def _plan_prompt_set(spec, start, offsets, output_lens, cancels, rng) -> list[PlannedRequest]:
     from .prompt_sets import prompt_set
 
     texts = prompt_set(spec.prompts)
+    n = len(output_lens)
     order: list[int] = []
-    while len(order) < spec.requests:  # every prompt once per round, rounds shuffled
+    while len(order) < n:  # every prompt once per round, rounds shuffled
         order.extend(rng.permutation(len(texts)).tolist())
     planned = []
-    for i in range(spec.requests):
+    for i in range(n):
         text, max_tokens = texts[order[i]], int(output_lens[i])
-        req = _planned(spec, i, offsets, None, text, max_tokens, None, cancels[i])
+        offset = None if offsets is None else offsets[i]
+        req = _planned(spec, start + i, offset, None, text, max_tokens, None, cancels[i])
         planned.append(dataclasses.replace(req, chat=True, stop_at_eos=spec.stop_at_eos))
     return planned
 
 
-def _planned(spec, i, offsets, ids, text, max_tokens, group, cancel) -> PlannedRequest:
+def _planned(spec, i, offset, ids, text, max_tokens, group, cancel) -> PlannedRequest:
     return PlannedRequest(
         index=i,
         request_id=f"req-{i:06d}",
-        offset_s=None if offsets is None else float(offsets[i]),
+        offset_s=None if offset is None else float(offset),
         prompt_ids=ids,
         prompt_text=text,
         max_tokens=max_tokens,
@@ -274,8 +342,10 @@ def _planned(spec, i, offsets, ids, text, max_tokens, group, cancel) -> PlannedR
     )
 
 
-def arrival_offsets(arrival: ArrivalSpec, n: int, rng: np.random.Generator) -> np.ndarray | None:
-    """Send times (s after start) on an absolute schedule; None for a closed loop."""
+def arrival_offsets(arrival: ArrivalSpec, n: int, rng: np.random.Generator,
+                    after: float | None = None) -> np.ndarray | None:  # fmt: skip
+    """Send times (s after start) on an absolute schedule; None for a closed loop. With
+    `after` (the previous chunk's last send time), the schedule goes on from there."""
     if arrival.mode == "closed":
         return None
     mean = 1.0 / arrival.rate
@@ -286,16 +356,20 @@ def arrival_offsets(arrival: ArrivalSpec, n: int, rng: np.random.Generator) -> n
     else:
         shape = arrival.burstiness
         gaps = rng.gamma(shape, mean / shape, size=n)
-    gaps[0] = 0.0  # the first request goes at the start
-    return np.cumsum(gaps)
+    if after is None:
+        gaps[0] = 0.0  # the first request goes at the start
+        return np.cumsum(gaps)
+    return after + np.cumsum(gaps)
 
 
-def _prefix_groups(spec, n, vocab_size, rng):
+def _prefix_groups(spec, n, vocab_size, rng, draw_prefixes: bool = True):
     sp = spec.shared_prefix
     if sp is None:
         return None, []
     weights = 1.0 / np.arange(1, sp.groups + 1) ** sp.skew
     groups = rng.choice(sp.groups, size=n, p=weights / weights.sum())
+    if not draw_prefixes:
+        return groups, []
     prefixes = [rng.integers(0, vocab_size, size=sp.length).tolist() for _ in range(sp.groups)]
     return groups, prefixes
 
@@ -315,6 +389,8 @@ def _plan_replay(spec, vocab_size, rng, rng_cancel) -> list[PlannedRequest]:
         lines = path.read_text().splitlines()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the replay file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: the replay file is not UTF-8 text (byte {e.start})") from None
     rows = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
@@ -336,7 +412,16 @@ def _plan_replay(spec, vocab_size, rng, rng_cancel) -> list[PlannedRequest]:
     cancels = _cancel_mask(spec, n, rng_cancel)
     replay_spec = dataclasses.replace(spec, warmup=min(spec.warmup, n - 1))
     return [
-        _planned(replay_spec, i, offsets, ids, text, out, group, cancels[i])
+        _planned(
+            replay_spec,
+            i,
+            None if offsets is None else offsets[i],
+            ids,
+            text,
+            out,
+            group,
+            cancels[i],
+        )
         for i, (ids, text, out, _, group) in enumerate(rows)
     ]
 

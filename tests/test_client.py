@@ -29,7 +29,7 @@ class MemorySink:
 
 def _run(spec, target=None):
     sink = MemorySink()
-    planned = plan(spec, 259)
+    planned = list(plan(spec, 259))
     progress = asyncio.run(drive(planned, target or NullTarget(), sink, spec.arrival))
     return sink, progress, planned
 

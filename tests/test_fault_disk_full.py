@@ -93,7 +93,7 @@ def test_a_full_filesystem(tmp_path, cli):
         inspected = cli("inspect", str(out))
         assert inspected.returncode == 0 and "crashed" in inspected.stdout
     finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)  # -l: mapped files
 
 
 def test_the_flusher_stops_holding_rows_after_a_failure(tmp_path, monkeypatch):

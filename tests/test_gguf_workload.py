@@ -10,20 +10,20 @@ from perfdiag.probes.workload_library import load_workload, override
 
 def test_chat_real_plans_real_prompts_that_end_on_eos():
     spec = load_workload("chat-real")
-    planned = plan(spec, vocab_size=49152)
+    planned = list(plan(spec, vocab_size=49152))
     assert len(planned) == spec.requests
     assert all(r.chat and r.stop_at_eos and r.prompt_ids is None for r in planned)
     texts = [r.prompt_text for r in planned]
     assert set(texts) <= set(PROMPT_SETS["chat"])
     assert len(set(texts)) == len(texts)  # a round uses every prompt once before repeating
-    assert texts == [r.prompt_text for r in plan(spec, vocab_size=49152)]  # seeded
-    assert texts != [r.prompt_text for r in plan(override(spec, seed=1), vocab_size=49152)]
+    assert texts == [r.prompt_text for r in list(plan(spec, vocab_size=49152))]  # seeded
+    assert texts != [r.prompt_text for r in list(plan(override(spec, seed=1), vocab_size=49152))]
 
 
 def test_output_len_given_forces_lengths():
     spec = override(load_workload("chat-real"), output_len=LengthSpec.parse("8"))
     assert not spec.stop_at_eos
-    assert all(r.max_tokens == 8 and not r.stop_at_eos for r in plan(spec, 49152))
+    assert all(r.max_tokens == 8 and not r.stop_at_eos for r in list(plan(spec, 49152)))
 
 
 def test_bad_model_options_are_one_line(tmp_path, cli):

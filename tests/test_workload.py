@@ -21,14 +21,14 @@ VOCAB = 259
 
 def test_same_seed_same_plan_and_another_seed_differs():
     spec = load_workload("chat")
-    assert plan(spec, VOCAB) == plan(spec, VOCAB)
-    other = plan(override(spec, seed=1), VOCAB)
-    assert [r.prompt_ids for r in other] != [r.prompt_ids for r in plan(spec, VOCAB)]
+    assert list(plan(spec, VOCAB)) == list(plan(spec, VOCAB))
+    other = list(plan(override(spec, seed=1), VOCAB))
+    assert [r.prompt_ids for r in other] != [r.prompt_ids for r in list(plan(spec, VOCAB))]
 
 
 def test_changing_the_rate_keeps_the_prompts():
     spec = load_workload("chat")
-    a, b = plan(spec, VOCAB), plan(override(spec, rate=8.0), VOCAB)
+    a, b = list(plan(spec, VOCAB)), list(plan(override(spec, rate=8.0), VOCAB))
     assert [r.prompt_ids for r in a] == [r.prompt_ids for r in b]
     assert b[-1].offset_s < a[-1].offset_s
 
@@ -36,7 +36,7 @@ def test_changing_the_rate_keeps_the_prompts():
 @pytest.mark.parametrize("name", sorted(builtins()))
 def test_every_builtin_plans(name):
     spec = load_workload(name)
-    planned = plan(spec, VOCAB)
+    planned = list(plan(spec, VOCAB))
     assert len(planned) == spec.requests
     assert sum(r.is_warmup for r in planned) == spec.warmup
     assert all(r.is_warmup for r in planned[: spec.warmup])
@@ -46,13 +46,13 @@ def test_open_loop_offsets_follow_the_rate():
     n = 4000
     for process in ("constant", "poisson", "gamma"):
         arrival = ArrivalSpec(mode="open", rate=50.0, process=process, burstiness=0.5)
-        offsets = [r.offset_s for r in plan(WorkloadSpec(requests=n, arrival=arrival), VOCAB)]
+        offsets = [r.offset_s for r in list(plan(WorkloadSpec(requests=n, arrival=arrival), VOCAB))]
         assert offsets[0] == 0.0 and np.all(np.diff(offsets) >= 0)
         rate = (n - 1) / offsets[-1]
         assert rate == pytest.approx(50.0, rel=0.06), process
-    gaps = np.diff([r.offset_s for r in plan(
+    gaps = np.diff([r.offset_s for r in list(plan(
         WorkloadSpec(requests=n, arrival=ArrivalSpec(mode="open", rate=50.0, process="gamma",
-                                                     burstiness=0.25)), VOCAB)])  # fmt: skip
+                                                     burstiness=0.25)), VOCAB))])  # fmt: skip
     assert np.std(gaps) / np.mean(gaps) == pytest.approx(2.0, rel=0.15)  # CV = 1/sqrt(shape)
 
 
@@ -68,7 +68,7 @@ def test_lengths_distributions():
 
 def test_shared_prefix_groups_share_tokens_and_skew_makes_hot_groups():
     spec = WorkloadSpec(requests=2000, shared_prefix=PrefixSpec(groups=8, length=16, skew=1.5))
-    planned = plan(spec, VOCAB)
+    planned = list(plan(spec, VOCAB))
     by_group = {}
     for r in planned:
         by_group.setdefault(r.prefix_group, set()).add(r.prompt_ids[:16])
@@ -79,7 +79,7 @@ def test_shared_prefix_groups_share_tokens_and_skew_makes_hot_groups():
 
 def test_cancellation_fraction_is_exact():
     spec = WorkloadSpec(requests=200, cancel=CancelSpec(fraction=0.25, after_tokens=3))
-    planned = plan(spec, VOCAB)
+    planned = list(plan(spec, VOCAB))
     assert sum(r.cancel_after_tokens == 3 for r in planned) == 50
 
 
@@ -124,7 +124,7 @@ def test_yaml_workload_file(tmp_path):
     )
     spec = load_workload(str(f))
     assert spec.name == "mine" and spec.arrival.concurrency == 2
-    planned = plan(spec, VOCAB)
+    planned = list(plan(spec, VOCAB))
     assert [r.offset_s for r in planned][:3] == pytest.approx([0.0, 0.2, 0.4])
     assert sum(r.cancel_after_s == 0.5 for r in planned) == 1
 
@@ -138,7 +138,7 @@ def test_replay_with_timestamps(tmp_path):
     ]
     f.write_text("\n".join(json.dumps(x) for x in lines))
     spec = WorkloadSpec(replay=str(f), replay_timestamps=True, requests=100)
-    planned = plan(spec, VOCAB)
+    planned = list(plan(spec, VOCAB))
     assert [r.offset_s for r in planned] == [0.0, 0.5, 2.0]
     assert planned[0].prompt_ids == (1, 2, 3) and planned[1].prompt_len == 5
     assert planned[2].prompt_text == "hello" and planned[2].max_tokens == 1
@@ -148,4 +148,4 @@ def test_replay_errors_name_the_line(tmp_path):
     f = tmp_path / "r.jsonl"
     f.write_text('{"prompt_ids": [1], "max_tokens": 2}\n{"max_tokens": 2}\n')
     with pytest.raises(ConfigError, match=r"r\.jsonl:2: give prompt"):
-        plan(WorkloadSpec(replay=str(f)), VOCAB)
+        list(plan(WorkloadSpec(replay=str(f)), VOCAB))

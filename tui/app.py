@@ -51,7 +51,7 @@ class PerfdiagApp(App):
         self.current = 0  # which run the screens explore
         self.comparison = None  # analyzers.compare.Comparison, once both runs are analysed
         self.progress = ("opening", 0.0)
-        self.error: PerfdiagError | None = None
+        self.error: Exception | None = None  # what ended the app, raised by the CLI
 
     @property
     def data(self) -> RunData:
@@ -113,6 +113,19 @@ class PerfdiagApp(App):
     def fail(self, error: PerfdiagError) -> None:
         """A run that cannot be read ends the app; the CLI prints the one line."""
         self.error = error
+        self.exit(return_code=1)
+
+    def _handle_exception(self, error: Exception) -> None:
+        # Textual's own handler prints a full-screen traceback and leaves exit code 0 to the
+        # caller; here the app ends and the CLI reports the error in one line (a
+        # PerfdiagError as any other, anything else as a bug, its traceback in a file).
+        if isinstance(error, PerfdiagError):
+            self.fail(error)
+            return
+        self.error = error
+        if self._exception is None:  # what run_test() re-raises in tests
+            self._exception = error
+            self._exception_event.set()
         self.exit(return_code=1)
 
     # -- navigation ----------------------------------------------------------------

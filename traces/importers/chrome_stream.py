@@ -27,6 +27,7 @@ CHUNK_CHARS = 1 << 22  # 4 Mi characters per read: large enough to amortise, sma
 _WS = re.compile(r"[ \t\n\r]*")
 _BOUNDARY = re.compile(r"\}[ \t\n\r]*,[ \t\n\r]*(\{)")
 _NEXT = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
+_TOKEN = re.compile(r'\\.?|"|[\[\]{}]')  # escapes, quotes and brackets, for skipping
 
 
 class TraceFormatError(ConfigError):
@@ -40,6 +41,7 @@ class ChromeTraceStream:
         self.path = Path(path)
         self.header: dict = {}
         self.events_seen = 0
+        self.too_deep = 0  # events skipped: nested deeper than the JSON decoder recurses
         self._decoder = json.JSONDecoder(parse_float=str)
         self._scan = self._decoder.scan_once
         # The text buffer: the event just yielded is `buf[value_start:value_end]` (valid
@@ -134,6 +136,33 @@ class ChromeTraceStream:
             if msg.startswith("Unterminated") or err_pos >= len(self.buf.rstrip()):
                 raise self._truncated(f"inside {what}")
             raise self._malformed(f"{msg} in {what}", err_pos)
+
+    def _skip_nested(self) -> None:
+        """Move past the value at the cursor by matching brackets (no recursion), reading
+        more text as needed; the state survives a refill, so a chunk boundary inside a
+        string or an escape changes nothing."""
+        depth, in_string, pos = 0, False, self._pos
+        while True:
+            buf = self.buf
+            for m in _TOKEN.finditer(buf, pos):
+                token = m.group()
+                if token[0] == "\\":
+                    if m.end() - m.start() == 1:  # a lone backslash at the buffer's end
+                        break
+                elif token == '"':
+                    in_string = not in_string
+                elif not in_string:
+                    depth += 1 if token in "[{" else -1
+                    if depth == 0:
+                        self._pos = m.end()
+                        return
+                pos = m.end()
+            else:
+                pos = len(buf)
+            start = self._pos
+            if not self._fill():
+                raise self._truncated("inside an event")
+            pos -= start  # the buffer now starts at the cursor
 
     def _expect(self, chars: str, what: str) -> str:
         c = self._skip_ws()
@@ -246,17 +275,25 @@ class ChromeTraceStream:
                 event, end = scan(buf, pos)
             except (StopIteration, ValueError):
                 end = -1
-            if end == -1 or end >= len(buf):
+            except RecursionError:  # say, args nested 200,000 deep: skip the event
+                self._skip_nested()
+                self.too_deep += 1
+                event, end = None, -2
+            if end == -2:
+                pass
+            elif end == -1 or end >= len(buf):
                 event = self._value("an event")
                 buf = self.buf
             else:
                 self.value_start = pos
                 self._pos = end
             self.value_end = self._pos
-            if event.__class__ is not dict:
-                raise self._malformed(f"event #{self.events_seen} is not a JSON object")
-            self.events_seen += 1
-            yield event
+            if end != -2:
+                if event.__class__ is not dict:
+                    raise self._malformed(f"event #{self.events_seen} is not a JSON object")
+                self.events_seen += 1
+                yield event
+            buf = self.buf
             m = sep_match(buf, self._pos)
             if m is not None and m.end() < len(buf):
                 self._pos = m.end()

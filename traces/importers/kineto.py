@@ -247,7 +247,7 @@ def _read_file(path: Path, index: int, n_files: int, offset: int, spans, counter
             events,
             merged["spans"],
             merged["skipped"],
-            int(header.get("baseTimeNanoseconds") or 0),
+            _base_time(header, path),
             0,
         )
         extra = {
@@ -272,7 +272,7 @@ def _read_file(path: Path, index: int, n_files: int, offset: int, spans, counter
         reader.stream.events_seen,
         dict(reader.spans_by_category),
         dict(reader.skipped),
-        int(header.get("baseTimeNanoseconds") or 0),
+        _base_time(header, path),
         reader.flows_linked,
     )
     extra = {
@@ -282,6 +282,20 @@ def _read_file(path: Path, index: int, n_files: int, offset: int, spans, counter
         "workers": 1,
     }
     return fs, header, _file_meta(path, fs, extra, header)
+
+
+def _base_time(header: dict, path: Path) -> int:
+    """The file's time base in Unix ns (0 when absent: `ts` is then Unix µs)."""
+    value = header.get("baseTimeNanoseconds")
+    if value is None:
+        return 0
+    number = None if isinstance(value, bool) else value
+    if isinstance(number, str) and number.isdigit():
+        number = int(number)
+    if not isinstance(number, int) or not 0 <= number <= 2**63 - 1:
+        raise TraceFormatError(f"{path}: baseTimeNanoseconds {str(value)[:40]!r} is not a time "
+                               "in ns since the Unix epoch")  # fmt: skip
+    return number
 
 
 def _file_meta(path: Path, fs: FileSummary, extra: dict, header: dict) -> dict:

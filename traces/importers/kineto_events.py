@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -56,6 +57,7 @@ _DTYPE_BYTES = {
     "byte": 1, "bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }  # fmt: skip
 FLOW_WINDOW = 1 << 18
+MAX_NS = 2**63 - 1  # the run format's int64 ns: anything beyond is not a time
 
 
 def to_ns(value) -> int:
@@ -77,30 +79,29 @@ def to_ns(value) -> int:
 
 
 def _int(value) -> int | None:
+    """An id, a count or a size: an int64, else None."""
     if value.__class__ is int:
-        return value
+        return value if -MAX_NS <= value <= MAX_NS else None
+    number = None
     try:
-        return int(value, 0) if isinstance(value, str) else int(value)
+        number = int(value, 0) if isinstance(value, str) else int(value)
     except (TypeError, ValueError, ArithmeticError):
-        pass
-    try:  # a float's text: "1.5e9"
-        return int(Decimal(value)) if isinstance(value, str) else None
-    except (InvalidOperation, ValueError, ArithmeticError):
-        return None
+        try:  # a float's text: "1.5e9"
+            number = int(Decimal(value)) if isinstance(value, str) else None
+        except (InvalidOperation, ValueError, ArithmeticError):
+            return None
+    return number if number is not None and -MAX_NS <= number <= MAX_NS else None
 
 
 def _number(value) -> float | None:
     """A counter value: an int, or a float's text as the stream decoded it."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) else None
+    except (ValueError, OverflowError):
+        return None
+    return number if number is not None and math.isfinite(number) else None
 
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -166,7 +167,11 @@ class KinetoFileReader:
                     if ev.get("cat") == "ac2g":
                         # Raw (pid, tid, ts) as the key: no conversion for the many flows
                         # that nothing will look up.
-                        flows[(ev.get("pid"), ev.get("tid"), ev.get("ts"))] = ev.get("id")
+                        try:
+                            flows[(ev.get("pid"), ev.get("tid"), ev.get("ts"))] = ev.get("id")
+                        except TypeError:  # a list or an object where a number belongs
+                            self._skip("flow event with a malformed pid/tid/ts")
+                            continue
                         if len(flows) > FLOW_WINDOW and not pending:
                             flows.clear()  # Kineto writes each flow beside its span
                     else:
@@ -178,7 +183,10 @@ class KinetoFileReader:
             if name.__class__ is not str:
                 name = "" if name is None else str(name)
             ts = ev.get("ts")
-            dur = ev.get("dur", 0)
+            dur = ev.get("dur")
+            if dur is None:  # never a zero-length span by default
+                self._skip("X event without dur")
+                continue
             try:
                 # Kineto's "123.456" µs: its digits are the ns. Else ints, else exact decimals.
                 if ts.__class__ is str and ts[-4:-3] == ".":
@@ -192,16 +200,24 @@ class KinetoFileReader:
             except ValueError:  # "12.5e3" passed the quick test: take the exact path
                 try:
                     start, dur = to_ns(ts) + offset, to_ns(dur)
-                except (TypeError, ArithmeticError):
+                except (TypeError, ValueError, ArithmeticError):  # NaN, Infinity, "abc"
                     self._skip("X event without a numeric ts/dur")
                     continue
             except (TypeError, ArithmeticError):
                 self._skip("X event without a numeric ts/dur")
                 continue
+            if not (-MAX_NS <= start - offset <= MAX_NS and dur <= MAX_NS):
+                self._skip("X event with ts/dur beyond the int64 ns range")
+                continue
+            if start - offset < 0:
+                self._skip("X event with a negative ts")
+                continue
             if dur < 0:  # an op still open when the profiler stopped
                 self._skip("negative duration (set to 0)")
                 dur = 0
             cat = ev.get("cat")
+            if cat.__class__ is not str:
+                cat = None if cat is None else "other"  # a number, a list: not a category
             mapped = categories.get(cat)
             if mapped is None:
                 if cat in SKIPPED_CATEGORIES:
@@ -233,10 +249,13 @@ class KinetoFileReader:
                     nbytes = _int(args.get("bytes"))
             else:
                 pid, tid = ev.get("pid"), ev.get("tid")
-                if pid.__class__ is not int:
-                    pid = _int(pid)
-                if tid.__class__ is not int:
-                    tid = _int(tid)
+                if pid.__class__ is not int or tid.__class__ is not int:
+                    pid, tid = _int(pid), _int(tid)
+                    if (pid is None) != (ev.get("pid") is None) or (tid is None) != (
+                        ev.get("tid") is None
+                    ):
+                        self._skip("CPU event with a pid/tid that is not an integer")
+                        continue
                 device = queue = None
                 if category == "cpu_op" or category == "annotation":
                     if _COMM_ANNOTATION.match(name):
@@ -264,6 +283,8 @@ class KinetoFileReader:
                 continue
             add_span(row)
         self._resolve_pending()
+        if stream.too_deep:
+            self.skipped["event nested too deeply to decode"] = stream.too_deep
 
     def _other(self, ev: dict, ph) -> None:
         if ph == "M":
@@ -288,8 +309,11 @@ class KinetoFileReader:
     def _counter(self, ev: dict):
         try:
             ts = to_ns(ev["ts"]) + self.offset
-        except (KeyError, TypeError, ArithmeticError):
+        except (KeyError, TypeError, ValueError, ArithmeticError):
             self._skip("counter without ts")
+            return
+        if not 0 <= ts - self.offset <= MAX_NS:
+            self._skip("counter with ts out of range")
             return
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
         name = str(ev.get("name", "counter"))
@@ -303,8 +327,11 @@ class KinetoFileReader:
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
         try:
             ts = to_ns(ev["ts"]) + self.offset
-        except (KeyError, TypeError, ArithmeticError):
+        except (KeyError, TypeError, ValueError, ArithmeticError):
             self._skip("memory event without ts")
+            return
+        if not 0 <= ts - self.offset <= MAX_NS:
+            self._skip("memory event with ts out of range")
             return
         device = _int(args.get("Device Id"))
         # Kineto's Device Type: 0 CPU, 1 CUDA (and other accelerators above).
@@ -326,12 +353,12 @@ class KinetoFileReader:
         for (pid, tid, ts), flow_id in self._flows.items():
             try:
                 flows[(_int(pid), _int(tid), to_ns(ts))] = flow_id
-            except (TypeError, ArithmeticError):
+            except (TypeError, ValueError, ArithmeticError):
                 continue
         for row, (pid, tid, ts) in self._pending:
             try:
                 key = (_int(pid), _int(tid), to_ns(ts))
-            except (TypeError, ArithmeticError):
+            except (TypeError, ValueError, ArithmeticError):
                 key = None
             corr = _int(flows.get(key))
             if corr is None:
