@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint format bench diagnosis-fast clean
+.PHONY: setup run test fuzz lint format bench diagnosis-fast clean
 
 setup: $(VENV)/.installed
 
@@ -22,6 +22,12 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The fault and fuzz suites run in `make test` with a few examples each; here with many
+# (docs/reliability.md records what a run of this target tried).
+fuzz: setup
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -p no:cacheprovider \
+		--hypothesis-show-statistics tests/test_fuzz_*.py tests/test_fault_*.py
 
 lint: setup
 	$(BIN)/ruff check .
