@@ -43,6 +43,8 @@ def inspect(
         "environment": m.environment,
         "warnings": r.warnings,
         "dropped_records": m.extra.get("dropped_records", {}),
+        "skipped_events": _skipped_events(m.extra),
+        "write_error": m.extra.get("write_error"),
     }
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
@@ -64,7 +66,8 @@ def _print_inspect(s: dict, wall_ns) -> None:
     out.print(f"command: {' '.join(s['command'])}", markup=False, highlight=False)
     env = s["environment"]
     pkgs = env.get("packages", {})
-    gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "no GPU recorded"
+    gpus = ", ".join(str(g.get("name") or "unnamed GPU") for g in env.get("gpus", []))
+    gpus = gpus or "no GPU recorded"
     out.print(
         f"environment: Python {env.get('python')} · torch {pkgs.get('torch')} · "
         f"triton {pkgs.get('triton')} · {env.get('cpu_model')} · {gpus} · "
@@ -82,5 +85,27 @@ def _print_inspect(s: dict, wall_ns) -> None:
     out.print(table)
     for name, n in s["dropped_records"].items():
         out.print(f"[yellow]dropped[/] {n} malformed {name} record(s) while recording")
+    if s["write_error"]:
+        out.print(f"[red]{escape(s['write_error'])}[/]: the run stopped there")
+    skipped = s["skipped_events"]
+    if skipped:
+        reasons = ", ".join(
+            f"{n:,} {why}" for why, n in sorted(skipped.items(), key=lambda x: -x[1])
+        )
+        out.print(f"[yellow]import skipped[/] {sum(skipped.values()):,} events: {escape(reasons)}")
     for w in s["warnings"]:
         out.print(f"[yellow]note[/] {escape(w)}")
+
+
+def _skipped_events(extra: dict) -> dict[str, int]:
+    """Trace events an importer skipped, by reason, over every imported file."""
+    files = (
+        (extra.get("kineto") or {}).get("files") if isinstance(extra.get("kineto"), dict) else None
+    )
+    total: dict[str, int] = {}
+    for f in files if isinstance(files, list) else []:
+        skipped = f.get("skipped") if isinstance(f, dict) else None
+        for why, n in (skipped or {}).items() if isinstance(skipped, dict) else ():
+            if isinstance(n, int):
+                total[str(why)] = total.get(str(why), 0) + n
+    return total
