@@ -365,3 +365,21 @@ async def test_mouse_opens_rows_and_sorts_by_header(runs):
         await pilot.click(view.table, offset=(60, 0))  # a header: sort by that column
         await pilot.pause()
         assert view.sort_key != "ttft_ms" and view.descending
+
+
+@pytest.mark.asyncio
+async def test_an_unexpected_error_ends_the_app_for_the_cli_to_report(runs, monkeypatch):
+    """Not Textual's full-screen traceback with exit code 0: the app ends with code 1 and
+    keeps the error, which `perfdiag tui` reports in one line (exit 70)."""
+
+    def broken(self) -> None:
+        raise RuntimeError("a bug in a screen")
+
+    monkeypatch.setattr(HelpScreen, "compose", broken)
+    app = make_app(load_run(runs[0]), ceilings_dir=runs[0] / "none")
+    with pytest.raises(RuntimeError, match="a bug in a screen"):
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(app, pilot)
+            await pilot.press("question_mark")
+            await pilot.pause()
+    assert isinstance(app.error, RuntimeError) and app.return_code == 1
