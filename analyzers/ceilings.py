@@ -100,8 +100,11 @@ def save_measured(entries: list[Ceilings], directory: Path | None = None) -> Pat
 def load_measured(directory: Path | None = None) -> list[Ceilings]:
     """Every measured entry in the directory, this host's file first."""
     d = ceilings_dir(directory)
-    if not d.is_dir():
-        return []
+    try:
+        if not d.is_dir():
+            return []
+    except OSError as e:  # say, a name too long for the filesystem
+        raise ConfigError(f"{d}: not a usable directory ({e.strerror})") from None
     mine = f"{host_fingerprint()}.json"
     files = sorted(d.glob("*.json"), key=lambda p: (p.name != mine, p.name))
     out = []

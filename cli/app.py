@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> None:
         print("perfdiag: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # a bug: one line for the user, the traceback kept for a report
+        if isinstance(e, OSError) and e.filename is not None:
+            # A path the user gave that the system refuses (too long, no access): theirs.
+            print(f"perfdiag: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+            sys.exit(1)
         if os.environ.get("PERFDIAG_DEBUG"):
             raise
         where = _save_traceback()

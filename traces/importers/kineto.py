@@ -87,13 +87,15 @@ def tail_base_time_ns(path: Path) -> int:
 
 def _gpus(device_properties) -> list[dict]:
     gpus = []
-    for p in device_properties or []:
+    if not isinstance(device_properties, list):
+        return gpus  # not Kineto's list of devices: none recorded
+    for p in device_properties:
         if not isinstance(p, dict):
             continue
         gpus.append(
             {
                 "index": p.get("id"),
-                "name": p.get("name"),
+                "name": None if p.get("name") is None else str(p.get("name")),
                 "memory_bytes": p.get("totalGlobalMem"),
                 "sm_count": p.get("numSms"),
                 "capability": f"{p.get('computeMajor')}.{p.get('computeMinor')}",
@@ -113,8 +115,8 @@ def _environment(headers: list[dict]) -> dict:
         ("cuda_driver_version", "cuda_driver"),
         ("cupti_version", "cupti"),
     ):
-        if key in h:
-            env[name] = h[key]
+        if key in h and h[key] is not None:
+            env[name] = str(h[key]) if name == "hostname" else h[key]  # a host is a name
     return env
 
 
