@@ -384,7 +384,7 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
     model = e.model_file or e.model_dir or e.preset
     if e.weights != "float":
-        model = f"{model} [{e.weights}]"
+        model = f"{model}, weights {e.weights},"
     where = f"{model} on {e.device} ({e.resolved_dtype})"
     if http is not None:  # an HTTP server instead of the in-process engine
         from ..probes.http_session import record_http_run

@@ -1,7 +1,7 @@
 """Load a GGUF file (llama.cpp's format): model config, weights and, in gguf_tokenizer.py,
 the tokenizer and chat template from its metadata.
 
-The `gguf` package (the `models` extra) reads the file and dequantises its tensors. Two
+gguf_reader.py reads the file; the `gguf` package (the `models` extra) dequantises. Two
 things differ from a Hugging Face checkpoint:
 - llama.cpp's converter permutes the rows of W_Q and W_K per head (it stores RoPE's
   halves interleaved, [x0, x_{d/2}, x1, x_{d/2+1}, …]); this engine's rotate-half RoPE
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import struct
 from functools import lru_cache
 from pathlib import Path
 
@@ -83,10 +84,12 @@ def _gguf():
 
 @lru_cache(maxsize=4)
 def _reader(path: str, mtime_ns: int):
-    gguf = _gguf()
+    _gguf()  # the quantisation tables and dequantisers
+    from .gguf_reader import GGUFFile
+
     try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # the reader raises ValueError, struct.error, IndexError…
+        return GGUFFile(path)
+    except (ValueError, struct.error, UnicodeDecodeError, OSError) as e:
         raise CheckpointError(f"{path}: not a readable GGUF file ({_first_line(e)})") from None
 
 
@@ -96,7 +99,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def open_gguf(path: str | Path):
-    """The file's `GGUFReader` (memory-mapped; cached per path and modification time)."""
+    """The file's `gguf_reader.GGUFFile` (memory-mapped; cached per path and mtime)."""
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"{p}: no such file")
@@ -104,13 +107,7 @@ def open_gguf(path: str | Path):
 
 
 def field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    try:
-        return f.contents()
-    except Exception as e:
-        raise CheckpointError(f"GGUF field {key}: unreadable ({_first_line(e)})") from None
+    return reader.fields.get(key, default)
 
 
 def gguf_digest(path: str | Path) -> str:
@@ -228,7 +225,7 @@ def read_gguf_tensors(path: str | Path, cfg: ModelConfig) -> dict[str, list[GGUF
             raise CheckpointError(f"{path}: per-frequency rope factors are unsupported")
         else:
             raise CheckpointError(f"{path}: unexpected tensor {name}")
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF is innermost-first
+        shape = tuple(int(s) for s in reversed(t.dims))  # GGUF is innermost-first
         if len(shape) == 2 and shape[0] == 1:
             shape = shape[1:]
         perm = 0
@@ -236,7 +233,7 @@ def read_gguf_tensors(path: str | Path, cfg: ModelConfig) -> dict[str, list[GGUF
             perm = cfg.num_heads
         elif rest_is(name, "attn_k."):
             perm = cfg.num_kv_heads
-        qtype = t.tensor_type.name
+        qtype = t.qtype
         out.setdefault(target, [None, None, None])[slot or 0] = GGUFTensor(
             name, qtype, shape, t.data, perm
         )
