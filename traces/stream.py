@@ -18,6 +18,7 @@ from ..errors import RunFormatError
 CRC_KEY = b"perfdiag.crc32"  # of the batch's serialized IPC message
 # In the stream's schema: every batch has a checksum (a batch without one is damaged).
 CHECKSUMS_KEY, CHECKSUMS = b"perfdiag.checksums", b"crc32"
+SCHEMA_CRC_KEY = b"perfdiag.schema_crc32"  # the schema message is checked too
 
 
 def batch_checksum(batch: pa.RecordBatch) -> bytes:
@@ -57,12 +58,21 @@ def iter_stream(
         return
     try:
         reader = ipc.open_stream(source)
-    except (pa.ArrowInvalid, OSError) as e:
-        state["truncated"] = True
+        metadata = reader.schema.metadata or {}
+        schema_ok = _schema_intact(reader.schema, metadata)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         if tolerate_truncation and source.size() < 1024:
+            state["truncated"] = True
             return  # the schema message itself was cut short
-        raise RunFormatError(f"{path}: not an Arrow stream ({e})") from None
-    metadata = reader.schema.metadata or {}
+        state["damaged"] = "its schema message is unreadable"
+        if tolerate_truncation:
+            return
+        raise RunFormatError(f"{path}: not an Arrow stream ({_first_line(e)})") from None
+    if not schema_ok:
+        state["damaged"] = "its schema message is damaged (checksum mismatch)"
+        if tolerate_truncation:
+            return
+        raise RunFormatError(f"{path}: {state['damaged']}")
     checksummed = metadata.get(CHECKSUMS_KEY) == CHECKSUMS
     index = 0
     while True:
@@ -70,7 +80,7 @@ def iter_stream(
             batch, metadata = reader.read_next_batch_with_custom_metadata()
         except StopIteration:
             return
-        except (pa.ArrowInvalid, OSError) as e:
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
             state["truncated"] = True
             if tolerate_truncation:
                 return
@@ -85,6 +95,23 @@ def iter_stream(
         yield batch
 
 
+def schema_checksum(schema: pa.Schema) -> bytes:
+    """Of the schema without its metadata: a flipped type or name changes it."""
+    return str(zlib.crc32(schema.remove_metadata().serialize())).encode()
+
+
+def _schema_intact(schema: pa.Schema, metadata) -> bool:
+    expected = metadata.get(SCHEMA_CRC_KEY)
+    if metadata.get(CHECKSUMS_KEY) != CHECKSUMS:
+        return True  # written before checksums: the batches' validation is all there is
+    return expected is not None and schema_checksum(schema) == expected
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _check(batch: pa.RecordBatch, metadata, checksummed: bool) -> str | None:
     """Why `batch` cannot be trusted, or None. Streams written before checksums (no
     schema marker) are checked by Arrow's validation alone."""
@@ -95,7 +122,7 @@ def _check(batch: pa.RecordBatch, metadata, checksummed: bool) -> str | None:
         return "is damaged (checksum mismatch)"
     try:
         batch.validate(full=True)
-    except (pa.ArrowInvalid, ValueError) as e:
+    except (pa.ArrowException, ValueError) as e:
         return f"is damaged ({str(e).splitlines()[0]})"
     return None
 

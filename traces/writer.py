@@ -44,7 +44,15 @@ from . import environment
 from .layout import LOCK_FILE, TABLES_DIR, parquet_path, stream_path
 from .manifest import COMPLETE, CRASHED, INTERRUPTED, RUNNING, Manifest, write_manifest
 from .schema import ROW_TYPES, SCHEMA_VERSION, STORAGE_SCHEMAS
-from .stream import CHECKSUMS, CHECKSUMS_KEY, CRC_KEY, batch_checksum, iter_stream
+from .stream import (
+    CHECKSUMS,
+    CHECKSUMS_KEY,
+    CRC_KEY,
+    SCHEMA_CRC_KEY,
+    batch_checksum,
+    iter_stream,
+    schema_checksum,
+)
 
 MAX_FLUSH_INTERVAL_S = 1.0
 FLUSH_POLL_S = 0.05
@@ -103,7 +111,9 @@ class TableAppender:
         self.extend = self._rows.extend
         self._io_lock = threading.Lock()  # keeps batches in append order on disk
         self._file = pa.OSFile(str(path), "wb")  # unbuffered: each batch reaches the OS
-        marked = self.schema.with_metadata({CHECKSUMS_KEY: CHECKSUMS})
+        marked = self.schema.with_metadata(
+            {CHECKSUMS_KEY: CHECKSUMS, SCHEMA_CRC_KEY: schema_checksum(self.schema)}
+        )
         self._stream = ipc.new_stream(self._file, marked)
         self._file.flush()
         self._last_write = time.monotonic()
