@@ -88,7 +88,7 @@ def test_cancellation_fraction_is_exact():
     [
         (lambda: WorkloadSpec(requests=0), "1 to 1,000,000,000 requests"),
         (lambda: WorkloadSpec(warmup=5, requests=5), "warmup"),
-        (lambda: ArrivalSpec(mode="open"), "rate in (0, 1,000,000"),
+        (lambda: ArrivalSpec(mode="open"), r"needs a rate in \(0, "),
         (lambda: ArrivalSpec(mode="closed", concurrency=0), "concurrency >= 1"),
         (lambda: CancelSpec(fraction=0.5), "after_tokens or after_s"),
         (lambda: PrefixSpec(groups=0), "groups"),
