@@ -11,6 +11,7 @@ own stream, so changing the rate never reshuffles prompts.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -266,16 +267,12 @@ class Plan:
             yield from chunk
 
     def longest(self) -> int:
-        """The most tokens (prompt + output) a request can ask for; a text prompt counts
-        as 0 (its length is known only once the target tokenizes it)."""
-        if self._replayed is not None:
-            return max((r.prompt_len or 0) + r.max_tokens for r in self._replayed)
-        spec = self.spec
-        output = spec.output_len.max
-        if spec.prompts is not None:
-            return output
-        prefix = spec.shared_prefix.length if spec.shared_prefix is not None else 0
-        return prefix + spec.prompt_len.max + output
+        """The most tokens (prompt + output) a request of the first chunk asks for (all of
+        them up to PLAN_CHUNK requests; beyond, a later request too long for the target
+        fails on its own); a text prompt counts as 0 (its length is known only once the
+        target tokenizes it)."""
+        first = self._replayed if self._replayed is not None else itertools.islice(self, PLAN_CHUNK)
+        return max((r.prompt_len or 0) + r.max_tokens for r in first)
 
 
 def plan(spec: WorkloadSpec, vocab_size: int) -> Plan:

@@ -77,6 +77,13 @@ class Config(Open, kw_only=True):
     importer: Text = None
 
 
+class ProfilerWindowInfo(Open, kw_only=True):
+    requested_steps: tuple[Count, Count] | None = None
+    captured_steps: tuple[Count, Count] | None = None
+    spans: Count | None = None
+    clock_sync_uncertainty_ns: Count | None = None
+
+
 class ManifestModel(Open, kw_only=True):
     schema_version: Annotated[int, msgspec.Meta(ge=1)]
     perfdiag_version: str
@@ -91,6 +98,7 @@ class ManifestModel(Open, kw_only=True):
     ended_at: Text = None
     writer: dict[str, Any] = {}
     tables: dict[str, TableInfo] = {}
+    profiler_window: ProfilerWindowInfo | None = None  # written by `perfdiag run`
 
 
 def validate(data: dict) -> str | None:
