@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..traces import environment
 from ..traces.manifest import COMPLETE, CRASHED, INTERRUPTED
-from ..traces.writer import RunWriter, WriteFailedError
+from ..traces.writer import RunWriter
 from .client import ClientResult, Progress, drive
 from .http_target import HttpTarget
 from .recorder import RunRecorder
@@ -242,8 +242,5 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         if writer is not None:
             writer.close(status)
             if writer.failure is not None:
-                raise WriteFailedError(
-                    f"{out_dir}: {writer.failure}: the run stopped; everything written "
-                    f"before it is kept ({writer.rows_lost:,} rows were lost)"
-                )
+                raise writer.failure_error()
     return status

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..traces import environment
 from ..traces.manifest import COMPLETE, CRASHED, INTERRUPTED
-from ..traces.writer import RunWriter, WriteFailedError
+from ..traces.writer import RunWriter
 from .client import Progress, drive
 from .cuda_timing import make_step_timer
 from .device_sampler import DeviceSampler
@@ -126,10 +126,7 @@ def record_run(
             writer.update_manifest(extra={**writer.manifest.extra, "profiler_window": info})
         writer.close(status)
     if writer.failure is not None:
-        raise WriteFailedError(
-            f"{out_dir}: {writer.failure}: the run stopped; everything written before it is "
-            f"kept ({writer.rows_lost:,} rows were lost)"
-        )
+        raise writer.failure_error()
     return SessionResult(out_dir, status, progress)
 
 

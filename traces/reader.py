@@ -24,7 +24,7 @@ from ..errors import RunFormatError
 from .layout import LOCK_FILE, parquet_path, stream_path
 from .manifest import CRASHED, FINAL_STATUSES, RUNNING, Manifest, read_manifest
 from .schema import CATEGORICAL, ROW_TYPES, SCHEMA_VERSION, SCHEMAS
-from .stream import read_stream
+from .stream import first_line, read_stream
 
 # schema version v -> function upgrading (table name, Arrow table) from v to v + 1.
 _UPGRADES: dict[int, Callable[[str, pa.Table], pa.Table]] = {}
@@ -54,7 +54,7 @@ class TableSource:
                 meta = pq.read_metadata(parquet)
             except (pa.ArrowException, OSError) as e:
                 raise RunFormatError(f"{parquet} is corrupt or truncated "
-                                     f"({_first_line(e)})") from None  # fmt: skip
+                                     f"({first_line(e)})") from None  # fmt: skip
             self.num_rows = meta.num_rows
             self._file_columns = list(meta.schema.to_arrow_schema().names)
 
@@ -82,7 +82,7 @@ class TableSource:
                                       page_checksum_verification=True)  # fmt: skip
             except (pa.ArrowException, OSError) as e:
                 raise RunFormatError(f"{self.parquet} is corrupt or truncated "
-                                     f"({_first_line(e)})") from None  # fmt: skip
+                                     f"({first_line(e)})") from None  # fmt: skip
         for version in range(self._version, SCHEMA_VERSION):
             table = _UPGRADES[version](self.name, table)
         return conform(self.name, table, columns)
@@ -230,11 +230,6 @@ def _open_table(run_dir: Path, name: str, version: int, tolerate: bool):
             note = f"{name}: ignored an incomplete last batch (the writer was killed mid-write)"
         return TableSource(name, table=conform(name, table)), note
     return None, None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def conform(name: str, table: pa.Table, only: list[str] | None = None) -> pa.Table:

@@ -67,7 +67,7 @@ def iter_stream(
         state["damaged"] = "its schema message is unreadable"
         if tolerate_truncation:
             return
-        raise RunFormatError(f"{path}: not an Arrow stream ({_first_line(e)})") from None
+        raise RunFormatError(f"{path}: not an Arrow stream ({first_line(e)})") from None
     if not schema_ok:
         state["damaged"] = "its schema message is damaged (checksum mismatch)"
         if tolerate_truncation:
@@ -107,7 +107,8 @@ def _schema_intact(schema: pa.Schema, metadata) -> bool:
     return expected is not None and schema_checksum(schema) == expected
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception's message in one line (Arrow's run to several)."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 

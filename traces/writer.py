@@ -309,6 +309,13 @@ class RunWriter:
             return None
         return f"writing the run failed ({describe_os_error(self._error)})"
 
+    def failure_error(self) -> WriteFailedError:
+        """The one-line error a recording stopped by a failed write ends with."""
+        return WriteFailedError(
+            f"{self.path}: {self.failure}: the run stopped; everything written before it "
+            f"is kept ({self.rows_lost:,} rows were lost)"
+        )
+
     def on_failure(self, callback: Callable[[], None]) -> None:
         """Call `callback` (from the flusher's thread) if a write fails: stop the run."""
         self._failure_callbacks.append(callback)
