@@ -28,6 +28,16 @@ def import_trace(
             help="Processes per large trace (default: one per core, at most 4).", min=1, max=256
         ),
     ] = None,
+    rank: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--rank",
+            help="Each file's rank, in the files' order (overrides the file's "
+            "distributedInfo; give it once per file).",
+            min=0,
+            max=1 << 24,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Import PyTorch-profiler traces (several ranks of one job become one run)."""
@@ -39,19 +49,33 @@ def import_trace(
     if jobs is not None and jobs < 1:
         raise ConfigError("--jobs must be at least 1")
     s = import_kineto(
-        traces, run, command=["perfdiag", *sys.argv[1:]], copy_raw=copy_raw, jobs=jobs
+        traces,
+        run,
+        command=["perfdiag", *sys.argv[1:]],
+        copy_raw=copy_raw,
+        jobs=jobs,
+        ranks=rank or None,
     )
     summary = {
         "run": str(s.out),
         "files": [
-            {"path": f.path, "rank": f.rank, "events": f.events, "skipped": f.skipped}
+            {
+                "path": f.path,
+                "rank": f.rank,
+                "rank_source": f.rank_source,
+                "events": f.events,
+                "skipped": f.skipped,
+            }
             for f in s.files
         ],
+        "warnings": s.warnings,
         "events": s.events,
         "spans": s.spans,
         "seconds": round(s.seconds, 3),
         "events_per_s": round(s.events / s.seconds) if s.seconds else None,
     }
+    for warning in s.warnings:
+        print(f"perfdiag: warning: {warning}", file=sys.stderr)
     if as_json:
         print(json.dumps(summary, indent=2))
         return

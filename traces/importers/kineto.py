@@ -5,6 +5,11 @@ written into a hidden sibling directory and renamed into place only once complet
 an import that fails (a malformed or truncated file, Ctrl-C) leaves no run behind that
 could be taken for a complete one.
 
+Identity: each file's rank comes from its `distributedInfo` wherever it stands in the
+file (or `ranks`, the CLI's `--rank`), read before any row is written; two files of one
+rank are refused, and files that disagree on world size or device, or start hours
+apart, are imported with warnings (kineto_identity.py).
+
 Time: Kineto's `ts` is µs relative to the file's `baseTimeNanoseconds` (Unix ns; absent
 in older traces, whose `ts` are Unix µs). Spans keep the first file's time base; other
 files are shifted onto it, and the manifest's clock maps that base to wall time.
@@ -12,12 +17,9 @@ files are shifted onto it, and the manifest's clock maps that base to wall time.
 
 from __future__ import annotations
 
-import gzip
 import os
-import re
 import shutil
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +29,9 @@ from ..manifest import CRASHED
 from ..writer import RunWriter
 from .chrome_stream import ChromeTraceStream, TraceFormatError
 from .kineto_events import KinetoFileReader
+from .kineto_identity import assign_ranks, read_identity
 from .kineto_parallel import ParallelReadFailed, is_object_document, plan_workers, read_parallel
 
-_BASE_TIME = re.compile(r'"baseTimeNanoseconds"\s*:\s*(\d+)')
-_TAIL_CHARS = 1 << 16
 RECORDED_BY = "pytorch-profiler (kineto)"
 
 
@@ -43,6 +44,7 @@ class FileSummary:
     skipped: dict[str, int]
     base_time_ns: int
     flows_linked: int
+    rank_source: str = "none"  # distributedInfo | --rank | position | none
 
 
 @dataclass
@@ -50,6 +52,7 @@ class ImportSummary:
     out: Path
     files: list[FileSummary] = field(default_factory=list)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def events(self) -> int:
@@ -62,27 +65,6 @@ class ImportSummary:
             for k, v in f.spans.items():
                 total[k] = total.get(k, 0) + v
         return total
-
-
-def tail_base_time_ns(path: Path) -> int:
-    """The file's `baseTimeNanoseconds` (Kineto writes it last), read from its tail;
-    0 when absent (then `ts` is Unix µs)."""
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    tail = ""
-    try:
-        if gz:
-            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
-                while chunk := f.read(1 << 22):
-                    tail = (tail + chunk)[-_TAIL_CHARS:]
-        else:
-            with open(path, "rb") as f:
-                f.seek(max(0, os.path.getsize(path) - _TAIL_CHARS))
-                tail = f.read().decode("utf-8", errors="replace")
-    except (OSError, EOFError, zlib.error) as e:
-        raise TraceFormatError(f"{path}: compressed data is corrupt or truncated ({e})") from None
-    m = _BASE_TIME.search(tail)
-    return int(m.group(1)) if m else 0
 
 
 def _gpus(device_properties) -> list[dict]:
@@ -120,13 +102,6 @@ def _environment(headers: list[dict]) -> dict:
     return env
 
 
-def _rank_of(header: dict, index: int, n_files: int) -> int | None:
-    info = header.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return info["rank"]
-    return index if n_files > 1 else None
-
-
 def import_kineto(
     paths: list[str | os.PathLike],
     out: str | os.PathLike,
@@ -134,9 +109,11 @@ def import_kineto(
     command: list[str] | None = None,
     copy_raw: bool = False,
     jobs: int | None = None,
+    ranks: list[int] | None = None,
 ) -> ImportSummary:
     """Import Kineto Chrome-JSON traces (plain or gzipped) into the run directory `out`.
-    `jobs`: processes per large file (None: up to the CPU count; 1: one process)."""
+    `jobs`: processes per large file (None: up to the CPU count; 1: one process).
+    `ranks`: each file's rank, overriding its distributedInfo (one per file)."""
     if not paths:
         raise ConfigError("no trace files to import")
     files = [Path(p) for p in paths]
@@ -151,12 +128,15 @@ def import_kineto(
     if tmp.exists():
         shutil.rmtree(tmp)
     t0 = time.perf_counter()
-    # Several files: read each base time first so all go onto the first file's time base.
-    bases = [tail_base_time_ns(p) for p in files] if len(files) > 1 else [None]
+    # Who each file is, before anything is written; several files: each base time too,
+    # so all go onto the first file's time base.
+    ids = [read_identity(p, need_base=len(files) > 1) for p in files]
+    warnings = assign_ranks(ids, ranks)
+    bases = [i.base_time_ns or 0 for i in ids] if len(files) > 1 else [None]
     try:
-        summary = _write_run(files, tmp, bases, command, copy_raw, jobs)
-    except ParallelReadFailed:
-        summary = _write_run(files, tmp, bases, command, copy_raw, 1)  # exact, one process
+        summary = _write_run(files, ids, tmp, bases, command, copy_raw, jobs, warnings)
+    except ParallelReadFailed:  # exact, one process
+        summary = _write_run(files, ids, tmp, bases, command, copy_raw, 1, warnings)
     try:
         os.rename(tmp, out)
     except OSError as e:
@@ -167,7 +147,7 @@ def import_kineto(
     return summary
 
 
-def _write_run(files, tmp: Path, bases, command, copy_raw: bool, jobs) -> ImportSummary:
+def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, jobs, warnings):
     writer = RunWriter(
         tmp,
         command=command,
@@ -176,13 +156,13 @@ def _write_run(files, tmp: Path, bases, command, copy_raw: bool, jobs) -> Import
         environment_info={"recorded_by": RECORDED_BY},
         batch_rows=1 << 17,
     )
-    summary = ImportSummary(out=tmp)
+    summary = ImportSummary(out=tmp, warnings=list(warnings))
     try:
         headers, file_meta = [], []
         spans, counters = writer.table("spans"), writer.table("counters")
         for i, path in enumerate(files):
             offset = 0 if bases[0] is None else bases[i] - bases[0]
-            fs, header, meta = _read_file(path, i, len(files), offset, spans, counters, jobs)
+            fs, header, meta = _read_file(path, ids[i], offset, spans, counters, jobs)
             if bases[0] is not None and fs.base_time_ns != bases[i]:
                 raise TraceFormatError(f"{path}: baseTimeNanoseconds changed while reading")
             headers.append(header)
@@ -201,7 +181,10 @@ def _write_run(files, tmp: Path, bases, command, copy_raw: bool, jobs) -> Import
                 "uncertainty_ns": 0,
                 "resolution_ns": 1,
             },
-            extra={**writer.manifest.extra, "kineto": {"files": file_meta}},
+            extra={
+                **writer.manifest.extra,
+                "kineto": {"files": file_meta, "warnings": summary.warnings},
+            },
         )
         writer.close()
     except BaseException:
@@ -220,11 +203,11 @@ def _header_before_events(path: Path) -> dict:
     return stream.header
 
 
-def _read_file(path: Path, index: int, n_files: int, offset: int, spans, counters, jobs):
+def _read_file(path: Path, ident, offset: int, spans, counters, jobs):
+    rank = ident.rank
     workers = plan_workers(path, jobs)
     if workers > 1 and is_object_document(path):
         header = _header_before_events(path)
-        rank = _rank_of(header, index, n_files)
         parts = read_parallel(
             path,
             workers,
@@ -251,6 +234,7 @@ def _read_file(path: Path, index: int, n_files: int, offset: int, spans, counter
             merged["skipped"],
             _base_time(header, path),
             0,
+            ident.rank_source,
         )
         extra = {
             "processes": merged["processes"],
@@ -263,7 +247,7 @@ def _read_file(path: Path, index: int, n_files: int, offset: int, spans, counter
         path,
         spans.append,
         counters.append,
-        rank_of=lambda h: _rank_of(h, index, n_files),
+        rank_of=lambda _h: rank,
         time_offset_ns=offset,
     )
     reader.read()
@@ -276,6 +260,7 @@ def _read_file(path: Path, index: int, n_files: int, offset: int, spans, counter
         dict(reader.skipped),
         _base_time(header, path),
         reader.flows_linked,
+        ident.rank_source,
     )
     extra = {
         "processes": reader.processes,
@@ -306,6 +291,7 @@ def _file_meta(path: Path, fs: FileSummary, extra: dict, header: dict) -> dict:
         "path": str(path.resolve()),
         "bytes": path.stat().st_size,
         "rank": fs.rank,
+        "rank_source": fs.rank_source,
         "world_size": info.get("world_size"),
         "backend": info.get("backend"),
         "base_time_ns": fs.base_time_ns,
