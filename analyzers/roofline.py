@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..traces.reader import Run
-from .ceilings import Ceilings, resolve
+from .ceilings import Ceilings, named, resolve
 from .model_flops import ModelShape, StepShape, for_weight_format, step_totals
 
 LATENCY_FLOOR = 0.25
@@ -108,9 +108,26 @@ def _run_dtype(config: dict) -> str:
     return str(engine.get("dtype") or config.get("dtype") or "bfloat16")
 
 
-def run_device(run: Run) -> str:
+def run_gpu(run: Run) -> dict | None:
+    """What the run recorded about its (first) GPU, or None."""
     gpus = run.manifest.environment.get("gpus") or []
-    return str(gpus[0].get("name")) if gpus and gpus[0].get("name") else "cpu"
+    return gpus[0] if gpus and isinstance(gpus[0], dict) else None
+
+
+def run_device(run: Run) -> str:
+    """The device the run's work ran on: its first GPU's name; "gpu" for an imported
+    trace with GPU spans but no device recorded (no deviceProperties: a recorded run's
+    environment lists its GPUs, so there none means the CPU); else "cpu"."""
+    gpu = run_gpu(run)
+    if gpu is not None and gpu.get("name"):
+        return str(gpu["name"])
+    if gpu is not None:
+        return "gpu"
+    if run.manifest.source != "perfdiag":
+        spans = run.spans
+        if len(spans) and spans["device"].notna().any():
+            return "gpu"
+    return "cpu"
 
 
 @dataclass
@@ -124,6 +141,7 @@ class RooflineReport:
         return {
             "ceilings": self.ceilings.to_dict(),
             "dtype": self.dtype,
+            "flops_dtype": self.ceilings.flops_dtype(self.dtype),  # the figure used
             "steps": _records(self.steps),
             "spans": _records(self.spans),
         }
@@ -143,12 +161,16 @@ def roofline_report(
     ceilings_dir=None,
     dtype: str | None = None,
     causal: str = "exact",
+    hardware: str | None = None,
 ) -> RooflineReport:
     """The run's roofline: per step from the analytic model (given, or found in the run's
-    config) and per span kind from the spans' own figures."""
+    config) and per span kind from the spans' own figures. `hardware`: judge it against
+    that device's datasheet (ceilings.named) instead of the one the run recorded."""
     config = run.manifest.config
     dtype = dtype or _run_dtype(config)
-    ceilings = ceilings or resolve(run_device(run), ceilings_dir)
+    if ceilings is None and hardware is not None:
+        ceilings = named(hardware)
+    ceilings = ceilings or resolve(run_device(run), ceilings_dir, gpu=run_gpu(run))
     if model is None and (found := find_model_config(config)):
         model = ModelShape.from_dict(found, dtype=dtype)
         engine = config.get("engine_config") if isinstance(config, dict) else None

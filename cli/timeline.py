@@ -39,6 +39,13 @@ def timeline(
     ceilings_dir: Annotated[
         Path | None, typer.Option(help="Measured ceilings to use (see `perfdiag calibrate`).")
     ] = None,
+    hardware: Annotated[
+        str | None,
+        typer.Option(
+            help="Judge the roofline against this device's datasheet (e.g. 'H100 SXM', "
+            "'NVIDIA A100-SXM4-80GB') instead of the device the run recorded."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Where the time went: CPU, GPU, copies, communication and idle, step by step."""
@@ -46,9 +53,13 @@ def timeline(
     from ..analyzers.spans import CLASSES
     from ..traces.reader import load_run
 
+    if hardware is not None:
+        from ..analyzers.ceilings import named
+
+        named(hardware)  # an unknown name is an error before any work
     loaded = load_run(run)
     rep = timeline_report(loaded)
-    roof = _roofline(loaded, ceilings_dir)
+    roof = _roofline(loaded, ceilings_dir, hardware)
     if as_json:
         data = {name: _records(frame) for name, frame in rep.frames().items() if name != "gaps"}
         data["kernels_linked"] = rep.kernels_linked
@@ -181,12 +192,12 @@ def timeline(
     _print_roofline(roof)
 
 
-def _roofline(run, ceilings_dir):
+def _roofline(run, ceilings_dir, hardware=None):
     """The run's roofline, saved under results/ with the ceilings it used."""
     from ..analyzers.roofline import roofline_report
     from ..traces.layout import RESULTS_DIR
 
-    roof = roofline_report(run, ceilings_dir=ceilings_dir)
+    roof = roofline_report(run, ceilings_dir=ceilings_dir, hardware=hardware)
     try:
         results = Path(run.path) / RESULTS_DIR
         results.mkdir(exist_ok=True)
@@ -198,8 +209,15 @@ def _roofline(run, ceilings_dir):
 
 def _print_roofline(roof) -> None:
     c = roof.ceilings
+    used = c.flops_dtype(roof.dtype)
+    dtype = roof.dtype if used == roof.dtype else f"{roof.dtype}: none, {used}'s"
+    how = "".join(
+        f"; {label} {c.details[k]}"
+        for k, label in (("reported", "reported as"), ("matched_by", "recognised by its"))
+        if c.details.get(k)
+    )
     out.print(
-        f"roofline ceilings: {c.device} ({c.kind}, {roof.dtype} "
+        f"roofline ceilings: {c.device} ({c.kind}{how}, {dtype} "
         f"{c.peak_flops(roof.dtype) / 1e12:,.3f} TFLOP/s, {c.bytes_per_s / 1e9:,.1f} GB/s) "
         f"from {c.source}",
         highlight=False,

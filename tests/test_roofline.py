@@ -114,7 +114,7 @@ def test_datasheets_cover_the_table_and_resolve_falls_back(tmp_path):
         assert sheet is not None and sheet.source.count("http") >= 1, name
     assert datasheet_for("NVIDIA L4").device == "L4"
     assert datasheet_for("NVIDIA L40S").device == "L40S"
-    assert resolve("Unknown Accelerator", tmp_path).device == "generic CPU"
+    assert resolve("Unknown Accelerator", tmp_path).device == "generic GPU"  # never the CPU
 
 
 def test_step_shapes_from_steps_and_prefill_chunks():
