@@ -7,6 +7,7 @@ becomes one line on stderr and exit code 1; Ctrl-C exits 130.
 from . import (  # noqa: F401  (registers the commands)
     analyze,
     calibrate,
+    capacity,
     compare,
     doctor,
     export,
@@ -15,6 +16,7 @@ from . import (  # noqa: F401  (registers the commands)
     inspect,
     run,
     serve,
+    sweep,
     timeline,
     tui,
 )

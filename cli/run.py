@@ -277,23 +277,36 @@ def run(
     ] = None,
 ) -> None:
     """Run the reference engine under a workload with probes attached, into a new run."""
+    flags = dict(locals())
+    options, http = build_options(flags)
+    _record(options, out_dir or _default_out_dir(options.workload.name), quiet, http)
+
+
+def build_options(flags: dict):
+    """RunOptions (and the HTTP target, if any) from `perfdiag run`'s flags by parameter
+    name; a flag left out or None is "not given". `perfdiag sweep` builds its points
+    with it, so a point is exactly the run its flags would make."""
     from ..probes import run_options as ro
     from ..probes.workload import CancelSpec, LengthSpec, PrefixSpec
     from ..probes.workload_library import DEFAULT_WORKLOAD, load_workload, override
 
+    g = {**run_flag_defaults(), **flags}.get
+    like, workload = g("like"), g("workload")
     base = _like_options(like) if like else ro.RunOptions(workload=load_workload(DEFAULT_WORKLOAD))
+    model_dir, model_file = g("model_dir"), g("model_file")
     engine_changes = {
-        "preset": preset, "model_dir": str(model_dir) if model_dir else None, "device": device,
-        "dtype": dtype, "kv_cache_mb": kv_cache_mb, "kv_blocks": kv_blocks,
-        "block_size": block_size, "chunk_size": chunk_size, "prefix_cache": prefix_cache,
-        "max_seqs": max_seqs, "max_batched_tokens": max_batched_tokens,
-        "preemption": preemption, "policy": policy, "max_wait_ms": max_wait_ms, "seed": seed,
-        "kernel_backend": kernel_backend, "cuda_graphs": True if cuda_graphs else None,
-        "model_seed": model_seed, "weights": weights,
-        "model_file": str(model_file) if model_file else None,
+        "preset": g("preset"), "model_dir": str(model_dir) if model_dir else None,
+        "device": g("device"), "dtype": g("dtype"), "kv_cache_mb": g("kv_cache_mb"),
+        "kv_blocks": g("kv_blocks"), "block_size": g("block_size"),
+        "chunk_size": g("chunk_size"), "prefix_cache": g("prefix_cache"),
+        "max_seqs": g("max_seqs"), "max_batched_tokens": g("max_batched_tokens"),
+        "preemption": g("preemption"), "policy": g("policy"), "max_wait_ms": g("max_wait_ms"),
+        "seed": g("seed"), "kernel_backend": g("kernel_backend"),
+        "cuda_graphs": True if g("cuda_graphs") else None, "model_seed": g("model_seed"),
+        "weights": g("weights"), "model_file": str(model_file) if model_file else None,
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
-    if no_chunked_prefill:
+    if g("no_chunked_prefill"):
         engine_changes["chunk_size"] = None
     engine = dataclasses.replace(base.engine, **engine_changes)
 
@@ -301,42 +314,57 @@ def run(
         workload = REAL_MODEL_WORKLOAD  # natural prompts and EOS, not random token ids
     spec = load_workload(workload) if workload else base.workload
     cancel = None
-    if cancel_fraction is not None or cancel_after_tokens is not None or cancel_after_s is not None:
+    fraction, after_tokens, after_s = (
+        g("cancel_fraction"),
+        g("cancel_after_tokens"),
+        g("cancel_after_s"),
+    )
+    if fraction is not None or after_tokens is not None or after_s is not None:
         cancel = CancelSpec(
-            fraction=spec.cancel.fraction if cancel_fraction is None else cancel_fraction,
-            after_tokens=cancel_after_tokens if cancel_after_tokens is not None
-            else spec.cancel.after_tokens,
-            after_s=cancel_after_s if cancel_after_s is not None else spec.cancel.after_s,
-        )  # fmt: skip
+            fraction=spec.cancel.fraction if fraction is None else fraction,
+            after_tokens=after_tokens if after_tokens is not None else spec.cancel.after_tokens,
+            after_s=after_s if after_s is not None else spec.cancel.after_s,
+        )
+    prompt_len, output_len, shared_prefix = g("prompt_len"), g("output_len"), g("shared_prefix")
+    replay = g("replay")
     spec = override(
         spec,
-        requests=requests, warmup=warmup, seed=seed, rate=rate, concurrency=concurrency,
-        process=arrival, burstiness=burstiness, mode="closed" if closed else None,
+        requests=g("requests"), warmup=g("warmup"), seed=g("seed"), rate=g("rate"),
+        concurrency=g("concurrency"), process=g("arrival"), burstiness=g("burstiness"),
+        mode="closed" if g("closed") else None,
         prompt_len=LengthSpec.parse(prompt_len) if prompt_len else None,
         output_len=LengthSpec.parse(output_len) if output_len else None,
         shared_prefix=_parse_prefix(shared_prefix, PrefixSpec) if shared_prefix else None,
         cancel=cancel, replay=str(replay) if replay else None,
-        replay_timestamps=True if replay_timestamps else None,
+        replay_timestamps=True if g("replay_timestamps") else None,
     )  # fmt: skip
+    profile_steps = g("profile_steps")
     probe_changes = {
         "profile_steps": ro.parse_step_range(profile_steps) if profile_steps else None,
-        "sample_period_s": sample_period,
-        "device_sampling": False if no_device_sampling else None,
-        "nvtx": False if no_nvtx else None,
-        "record_text": True if record_text else None,
-        "triton_launches": False if no_triton_probe else None,
+        "sample_period_s": g("sample_period"),
+        "device_sampling": False if g("no_device_sampling") else None,
+        "nvtx": False if g("no_nvtx") else None,
+        "record_text": True if g("record_text") else None,
+        "triton_launches": False if g("no_triton_probe") else None,
     }
     probes = dataclasses.replace(
         base.probes, **{k: v for k, v in probe_changes.items() if v is not None}
     )
     options = ro.RunOptions(engine=engine, workload=spec, probes=probes)
-    out_dir = out_dir or _default_out_dir(spec.name)
     http = None
-    if target:
+    if g("target"):
         from ..probes.http_session import HttpOptions
 
-        http = HttpOptions(url=target, api_key=api_key)
-    _record(options, out_dir, quiet, http)
+        http = HttpOptions(url=g("target"), api_key=g("api_key"))
+    return options, http
+
+
+@functools.cache
+def run_flag_defaults() -> dict:
+    """Every `perfdiag run` parameter with its default (None or False: not given)."""
+    import inspect
+
+    return {n: p.default for n, p in inspect.signature(run).parameters.items()}
 
 
 REAL_MODEL_WORKLOAD = "chat-real"
