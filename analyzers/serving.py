@@ -159,9 +159,13 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
     )
 
 
+_KEYS = (str, int, float, bool, type(None))  # the key types json.dumps writes itself
+
+
 def to_jsonable(obj):
-    """Dataclasses → dicts (fields marked INTERNAL left out), frames → records, NaN →
-    null, numpy scalars → Python numbers."""
+    """Dataclasses → dicts (fields marked INTERNAL left out), frames → records, NaN and
+    ±Infinity → null (at any depth: strict JSON), numpy scalars → Python numbers,
+    pandas' missing values → null."""
     if isinstance(obj, Missing):
         return {"missing": list(obj.needs)}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -171,12 +175,18 @@ def to_jsonable(obj):
             if f.metadata.get("json", True)
         }
     if isinstance(obj, pd.DataFrame):
-        return json.loads(obj.to_json(orient="records"))
+        return json.loads(obj.to_json(orient="records"))  # pandas writes NaN, ±inf as null
+    if isinstance(obj, dict):
+        return {k if isinstance(k, _KEYS) else str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [to_jsonable(v) for v in obj.tolist()]
     if isinstance(obj, np.generic):
         obj = obj.item()
     if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is pd.NA or obj is pd.NaT:
         return None
     return obj
 

@@ -3,7 +3,6 @@ them, so rooflines use attained ceilings rather than datasheet peaks."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 from rich.table import Table
 
 from .app import app, out
+from .json_output import print_json
 
 
 @app.command()
@@ -43,7 +43,7 @@ def calibrate(
     except OSError as e:
         raise ConfigError(f"cannot write the ceilings ({e})") from None
     if as_json:
-        print(json.dumps({"path": str(path), "devices": [m.to_dict() for m in measured]}, indent=2))
+        print_json({"path": str(path), "devices": [m.to_dict() for m in measured]})
         return
     table = Table("device", "figure", "measured", "datasheet", "% of datasheet", title="ceilings")
     for m in measured:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -11,6 +10,7 @@ from rich.table import Table
 
 from .._version import __version__
 from .app import STATUS_STYLE, app, out
+from .json_output import print_json
 
 
 @app.command()
@@ -22,7 +22,7 @@ def doctor(
 
     checks = run_checks()
     if as_json:
-        print(json.dumps([c.__dict__ for c in checks], indent=2))
+        print_json([c.__dict__ for c in checks])
         return
     table = Table(title=f"perfdiag {__version__} doctor", title_justify="left")
     for column in ("area", "status", "what is here", "hint"):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from .app import app, out
+from .json_output import print_json
 
 OPEN_WITH = {
     "perfetto": "open it at https://ui.perfetto.dev (Open trace file)",
@@ -54,7 +54,7 @@ def export(
         "warnings": result.warnings,
     }
     if as_json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
         return
     what = f"{sum(result.slices.values()):,} slices" if result.slices else "the raw profiler trace"
     extra = (

@@ -3,7 +3,6 @@ the `perfdiag serve` it drove — where each request's time to first token went.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +11,7 @@ from rich.table import Table
 
 from ..errors import ConfigError
 from .app import app, out
+from .json_output import print_json
 
 
 @app.command()
@@ -36,7 +36,7 @@ def join(
         payload = {"clock": to_jsonable(result.clock), "matched": result.matched,
                    "client_only": result.client_only, "server_only": result.server_only,
                    "summary": to_jsonable(result.summary)}  # fmt: skip
-        print(json.dumps(payload, indent=2))
+        print_json(payload)
         return
     c = result.clock
     out.print(f"clock: server − client = {c.offset_ns / 1e3:.1f} µs ± {c.uncertainty_ns / 1e3:.1f}"

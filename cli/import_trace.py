@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +9,7 @@ import typer
 from rich.table import Table
 
 from .app import app, out
+from .json_output import print_json
 
 
 @app.command("import")
@@ -77,7 +77,7 @@ def import_trace(
     for warning in s.warnings:
         print(f"perfdiag: warning: {warning}", file=sys.stderr)
     if as_json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
         return
     out.print(
         f"[bold]imported[/] {s.events:,} events from {len(s.files)} file(s) into {s.out} "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .app import STATUS_STYLE, app, out
+from .json_output import print_json
 
 
 @app.command()
@@ -47,7 +47,7 @@ def inspect(
         "write_error": m.extra.get("write_error"),
     }
     if as_json:
-        print(json.dumps(summary, indent=2, default=str))
+        print_json(summary)
         return
     _print_inspect(summary, m.wall_ns)
 

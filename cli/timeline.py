@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from .app import app, out
+from .json_output import json_text, print_json
 
 
 def _ms(ns) -> str:
@@ -64,7 +65,7 @@ def timeline(
         data = {name: _records(frame) for name, frame in rep.frames().items() if name != "gaps"}
         data["kernels_linked"] = rep.kernels_linked
         data["roofline"] = roof.to_dict()
-        print(json.dumps(data, indent=2, default=str))
+        print_json(data)
         return
     parts = [f"{c}_ns" for c in CLASSES] + ["idle_ns"]
     b = rep.breakdown
@@ -201,7 +202,7 @@ def _roofline(run, ceilings_dir, hardware=None):
     try:
         results = Path(run.path) / RESULTS_DIR
         results.mkdir(exist_ok=True)
-        (results / "roofline.json").write_text(json.dumps(roof.to_dict(), indent=2) + "\n")
+        (results / "roofline.json").write_text(json_text(roof.to_dict()) + "\n")
     except OSError:
         pass  # a read-only run still gets its roofline printed
     return roof
