@@ -26,7 +26,7 @@ import pandas as pd
 
 from ..traces.manifest import Manifest
 from ..traces.reader import Run
-from .findings import SEVERITIES, Triage
+from .findings import SEVERITIES, Triage, value_text
 from .lifecycle import Missing
 from .serving import ServingAnalysis
 
@@ -169,6 +169,23 @@ class MetricDelta:
     ci_high: float
     significant: bool  # the interval excludes 0
     verdict: str  # better | worse | same | unknown
+
+    def texts(self) -> tuple[str, str, str, str]:
+        """A, B, the delta (with its relative change) and its interval as text, in the
+        findings' number format, for every renderer (`perfdiag compare`, the TUI)."""
+        rel = "" if self.relative != self.relative else f" ({value_text(self.relative, '%', True)})"
+        if self.ci_low != self.ci_low:
+            interval = ""  # the verdict says "no interval"
+        else:
+            interval = (
+                f"[{value_text(self.ci_low, '', True)}, {value_text(self.ci_high, '', True)}]"
+            )
+        return (
+            value_text(self.a),
+            value_text(self.b),
+            value_text(self.delta, "", signed=True) + rel,
+            interval,
+        )
 
 
 _PERCENTILE_METRICS = (

@@ -37,20 +37,38 @@ class Evidence:
 
     def text(self) -> str:
         """The value as people read it: 0.42 with unit % is "42%", 12.345 ms "12.3 ms"."""
-        v = self.value
-        if v is None or (isinstance(v, float) and v != v):
-            return "–"
-        if isinstance(v, bool):
-            return "yes" if v else "no"
-        if isinstance(v, str):
-            return v
-        if self.unit == "%":
-            return f"{v * 100:.1f}%" if abs(v) < 0.1 else f"{v * 100:.0f}%"
-        number = f"{v:,}" if isinstance(v, int) else _number(v)
-        return f"{number} {self.unit}".strip()
+        return value_text(self.value, self.unit)
 
 
-def _number(v: float) -> str:
+NOT_MEASURED = "not measured"
+
+
+def value_text(v, unit: str = "", signed: bool = False) -> str:
+    """perfdiag's one way of writing a value: 0.42 with unit % is "42%", 12.345 ms
+    "12.3 ms", 1163.67 "1,164"; `signed` writes a "+" on positive numbers (deltas);
+    missing (None, NaN) is "not measured". The CLI, the TUI and report.md use it."""
+    if v is None or (isinstance(v, float) and v != v):
+        return NOT_MEASURED
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, str):
+        return v
+    sign = "+" if signed and v > 0 else ""
+    if unit == "%":
+        p = v * 100
+        if p == 0:
+            return "0%"
+        if abs(p) < 0.01:  # rounding noise, or nearly none: never "1.6e-13%"
+            return f"{'−' if p < 0 else ''}<0.01%"
+        if abs(p) < 0.1:
+            return f"{sign}{p:.2g}%"
+        return f"{sign}{p:.1f}%" if abs(p) < 10 else f"{sign}{p:,.0f}%"
+    number = f"{v:,}" if isinstance(v, int) else number_text(v)
+    return f"{sign}{number} {unit}".strip()
+
+
+def number_text(v: float) -> str:
+    """A number with about three significant figures, thousands separated."""
     if v == 0:
         return "0"
     if abs(v) >= 100:
@@ -91,13 +109,17 @@ class CheckOutcome:
     value: float | int | str | bool | None = None
     reason: str = ""  # not evaluated: what the run lacks
     severity: str | None = None  # fired: at which severity
+    measure: str = ""  # what the value is ("requests measured": playbooks/check_values.py)
+    unit: str = ""  # the value's unit, as Evidence's ("%" for shares)
+    op: str = ""  # where the check starts to fire: `value op threshold` (at_least, in, …)
+    threshold: float | int | str | bool | list | None = None  # its mildest level
 
 
 @dataclass(frozen=True)
 class StepResult:
     step: int
     title: str
-    status: str  # findings | ok | partial | not-evaluated
+    status: str  # fired | partial | pass | not-evaluated (playbooks/triage_view.step_status)
     checks: tuple[CheckOutcome, ...]
 
     @property

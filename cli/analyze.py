@@ -118,7 +118,7 @@ def analyze(
         print(json.dumps(to_jsonable(result), indent=2))
         return
     print_header(result)
-    print_triage(triage, scenario)
+    print_triage(triage, scenario, checks=details)
     print_missing(result)
     if details:
         print_tables(result)

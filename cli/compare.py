@@ -89,12 +89,6 @@ def _variables(diff, deltas) -> None:
         out.print(f"[dim]note: {escape(note)}[/]")
 
 
-def _fmt(x: float, unit: str) -> str:
-    if x != x:
-        return "–"
-    return f"{x:,.2f}" if unit == "ms" else f"{x:,.1f}"
-
-
 def _deltas(deltas) -> None:
     if not deltas:
         out.print("[yellow]metrics[/]: not compared, a run has no serving metrics")
@@ -110,18 +104,13 @@ def _deltas(deltas) -> None:
         title_justify="left",
     )
     for d in deltas:
-        rel = "" if d.relative != d.relative else f" ({d.relative:+.0%})"
-        interval = (
-            "–"
-            if d.ci_low != d.ci_low
-            else f"[{_fmt(d.ci_low, d.unit)}, {_fmt(d.ci_high, d.unit)}]"
-        )
+        a, b, delta, interval = d.texts()
         verdict = d.verdict if d.verdict != "unknown" else "no interval"
         t.add_row(
             f"{d.label} ({d.unit})",
-            _fmt(d.a, d.unit),
-            _fmt(d.b, d.unit),
-            f"{d.delta:+,.2f}{rel}",
+            a,
+            b,
+            delta,
             interval,
             f"[{VERDICT_STYLE[d.verdict]}]{verdict}[/]",
         )

@@ -1,41 +1,40 @@
 """Findings on the terminal: the triage in order, top cause first, with its evidence.
 
-Shared by `perfdiag analyze` and `perfdiag compare`; formats only (the findings are
-data, analyzers/findings.py).
+Shared by `perfdiag analyze` and `perfdiag compare`; formats only: the findings are
+data (analyzers/findings.py), and the steps' status, counts and outcomes come from the
+view the TUI and report.md render too (playbooks/triage_view.py).
 """
 
 from __future__ import annotations
 
 from rich.markup import escape
 
+from ..playbooks.triage_view import GATE_HEADING, triage_view
 from .app import out
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
-STEP_STYLE = {"findings": "red", "ok": "green", "partial": "yellow", "not-evaluated": "dim"}
+STEP_STYLE = {"fired": "red", "pass": "green", "partial": "yellow", "not-evaluated": "dim"}
 
 
 def severity(s: str) -> str:
     return f"[{SEVERITY_STYLE.get(s, '')}]{s.upper()}[/]"
 
 
-def print_triage(triage, scenario: str | None = None, details: bool = True) -> None:
+def print_triage(
+    triage, scenario: str | None = None, details: bool = True, checks: bool = False
+) -> None:
     """Qualifiers (data trust, reproducibility), the top cause, the ranked findings of
-    steps 2-7 (those on `scenario`'s route first), the steps, the symptoms."""
-    quals = triage.qualifiers
-    problems = [f for f in quals if f.severity != "info"]
-    head = (
-        f"{len(problems)} problem(s) qualify what follows" if problems else "[green]no problem[/]"
-    )
-    out.print(f"[bold]Data and reproducibility[/] (gate, step 1): {head}")
-    for f in quals:
+    steps 2-7 (those on `scenario`'s route first), the steps (with `checks`, every passed
+    check's value against its threshold), the symptoms."""
+    view = triage_view(triage)
+    out.print(f"[bold]{GATE_HEADING}[/]: {escape(view.gate_summary)}", highlight=False)
+    for f in view.qualifiers:
         _finding(f, details)
-    top = triage.top
+    top = view.top
     if top is None:
-        out.print(
-            "[bold]Top cause[/]: [green]none[/] — no warning or critical finding in steps 2–7"
-        )
+        out.print(f"[bold]Top cause[/]: [green]{escape(view.verdict)}[/]", highlight=False)
     else:
-        out.print(f"[bold]Top cause[/]: {severity(top.severity)} {escape(top.title)}")
+        out.print(f"[bold]Top cause[/]: {severity(top.severity)} {escape(view.verdict)}")
     findings = [f for f in triage.findings if f.step > 1]
     if scenario is not None:
         s = next(x for x in triage.scenarios if x.scenario == scenario)
@@ -49,7 +48,7 @@ def print_triage(triage, scenario: str | None = None, details: bool = True) -> N
         if f.severity == "info" and not details:
             continue
         _finding(f, details)
-    _steps(triage)
+    _steps(view, checks)
     _symptoms(triage)
 
 
@@ -78,21 +77,20 @@ def _finding(f, details: bool) -> None:
         )
 
 
-def _steps(triage) -> None:
+def _steps(view, checks: bool = False) -> None:
     out.print("\n[bold]Triage steps[/]")
-    for s in triage.steps:
-        found = sum(c.status == "fired" and c.severity != "info" for c in s.checks)
-        notes = sum(c.status == "fired" and c.severity == "info" for c in s.checks)
-        passed = sum(c.status == "passed" for c in s.checks)
-        counts = f"{found} finding(s), {passed} passed" + (f", {notes} note(s)" if notes else "")
-        status = f"[{STEP_STYLE[s.status]}]{s.status}[/]"
-        out.print(f" {s.step} {escape(s.title)} — {status} [dim]({counts})[/]", highlight=False)
-        by_reason: dict[str, list[str]] = {}
-        for c in s.not_evaluated:
-            by_reason.setdefault(c.reason, []).append(c.check)
-        for reason, checks in by_reason.items():
+    for s in view.steps:
+        style = STEP_STYLE[s.status] if s.worst != "warning" else "yellow"
+        status = f"[{style}]{s.status_text}[/]"
+        out.print(
+            f" {s.step} {escape(s.title)} — {status}: [dim]{s.counts.text()}[/]", highlight=False
+        )
+        for o in s.outcomes if checks else ():
+            if o.status == "passed":
+                out.print(f"   [dim]{o.check} {escape(o.text())}[/]", highlight=False)
+        for reason, names in s.not_evaluated:
             out.print(
-                f"   [dim]not evaluated: {', '.join(checks)} — {escape(reason)}[/]", highlight=False
+                f"   [dim]not evaluated: {', '.join(names)} — {escape(reason)}[/]", highlight=False
             )
 
 

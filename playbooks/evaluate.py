@@ -24,8 +24,10 @@ from ..analyzers.findings import (
     severity_rank,
 )
 from . import template
+from .check_values import measure
 from .facts import Fact, TriageContext, Unavailable, evaluate_fact
 from .schema import Check, Playbook, Scenario, load_playbook, load_scenarios
+from .triage_view import step_status
 
 
 def run_triage(
@@ -42,17 +44,24 @@ def run_triage(
         outcomes = []
         for check in step.checks:
             result = evaluate_fact(check.fact, ctx, dict(check.params))
+            label, unit = measure(check.fact, dict(check.params))
+            mildest = check.condition.levels[0][1] if check.condition.levels else None
+            how = {"measure": label, "unit": unit, "op": check.condition.op, "threshold": mildest}
             if isinstance(result, Unavailable):
-                outcomes.append(CheckOutcome(check.id, "not-evaluated", reason=result.reason))
+                outcomes.append(
+                    CheckOutcome(check.id, "not-evaluated", reason=result.reason, **how)
+                )
                 continue
             severity = check.condition.severity(result.value)
             if severity is not None and result.max_severity is not None:
                 severity = min(severity, result.max_severity, key=severity_rank)
             status = "passed" if severity is None else "fired"
-            outcomes.append(CheckOutcome(check.id, status, _plain(result.value), "", severity))
+            outcomes.append(
+                CheckOutcome(check.id, status, _plain(result.value), "", severity, **how)
+            )
             if severity is not None:
                 findings.append(_finding(check, step.step, step.title, severity, result))
-        steps.append(_step_result(step.step, step.title, outcomes, findings))
+        steps.append(_step_result(step.step, step.title, outcomes))
     ranked = _rank(findings, playbook)
     return Triage(
         run_id=ctx.run.manifest.run_id,
@@ -94,18 +103,8 @@ def _finding(check: Check, step: int, step_title: str, severity: str, fact: Fact
     )
 
 
-def _step_result(number: int, title: str, outcomes: list[CheckOutcome], findings) -> StepResult:
-    serious = any(f.step == number and f.severity != "info" for f in findings)
-    missing = sum(o.status == "not-evaluated" for o in outcomes)
-    if serious:
-        status = "findings"
-    elif outcomes and missing == len(outcomes):
-        status = "not-evaluated"
-    elif missing:
-        status = "partial"
-    else:
-        status = "ok"
-    return StepResult(number, title, status, tuple(outcomes))
+def _step_result(number: int, title: str, outcomes: list[CheckOutcome]) -> StepResult:
+    return StepResult(number, title, step_status(outcomes), tuple(outcomes))
 
 
 def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..analyzers.findings import Finding, Triage
 from ..traces.layout import RESULTS_DIR
 from .figures import draw
+from .triage_view import GATE_HEADING, triage_view
 
 REPORT_FILE = "report.md"
 OVERVIEW_FIGURES = ("ttft_parts", "load")
@@ -51,18 +52,21 @@ def render(triage: Triage, ctx, figures: dict[str, str]) -> str:
     )
     if triage.baseline:
         lines.append(f"Baseline: {triage.baseline}")
-    top = triage.top
+    view = triage_view(triage)
+    top = view.top
     lines += ["", "## Verdict", ""]
     lines.append(
-        f"**Top cause: {top.title}** ({top.severity}, step {top.step})"
+        f"**Top cause: {view.verdict}** ({top.severity}, step {top.step})"
         if top
-        else "No warning or critical finding in triage steps 2 to 7."
+        else f"Top cause: {view.verdict}."
     )
-    quals = triage.qualifiers
-    problems = [f for f in quals if f.severity != "info"]
-    lines += ["", "## Data and reproducibility (gate, step 1)", ""]
-    lines.append("These qualify every finding below:" if problems else "No problem found.")
-    for f in quals:
+    lines += [
+        "",
+        f"## {GATE_HEADING}",
+        "",
+        view.gate_summary[0].upper() + view.gate_summary[1:] + ".",
+    ]
+    for f in view.qualifiers:
         lines += _finding(f, figures)
     lines += ["", "## Findings, ranked", ""]
     rest = [f for f in triage.findings if f.step > 1]
@@ -78,12 +82,19 @@ def render(triage: Triage, ctx, figures: dict[str, str]) -> str:
         "",
         "## Triage steps",
         "",
-        "| step | title | status | not evaluated because |",
-        "|---|---|---|---|",
+        "| step | title | status | checks | not evaluated because |",
+        "|---|---|---|---|---|",
     ]
-    for st in triage.steps:
-        why = "; ".join(f"`{c.check}`: {c.reason}" for c in st.not_evaluated) or "–"
-        lines.append(f"| {st.step} | {_cell(st.title)} | {st.status} | {_cell(why)} |")
+    for st in view.steps:
+        why = "; ".join(f"{', '.join(f'`{c}`' for c in cs)}: {r}" for r, cs in st.not_evaluated)
+        lines.append(
+            f"| {st.step} | {_cell(st.title)} | {st.status_text} | {st.counts.text()} "
+            f"| {_cell(why or '')} |"
+        )
+    lines += ["", "## Checks", ""]
+    for st in view.steps:
+        lines += ["", f"Step {st.step} ({st.status_text}):", ""]
+        lines += [f"- `{o.check}` {_cell(o.text())}" for o in st.outcomes]
     lines += ["", "## Symptoms", "", "| symptom | present | explained by |", "|---|---|---|"]
     for sc in triage.scenarios:
         why = ", ".join(f"`{c}`" for c in sc.explained_by) or "–"

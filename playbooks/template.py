@@ -3,7 +3,10 @@
 A deliberately small language: a field is a plain name (no attribute access, no
 indexing, no conversions) with an optional numeric format; names are checked against
 what the check's fact provides when the playbook loads, and text is rendered with
-`str.format_map` over plain values only. Missing or NaN values render as "–".
+`str.format_map` over plain values only. A clause in square brackets,
+`"swap {swap_tokens} tokens[, saving {saved_ms:.0f} ms]"`, is left out when a field in it
+has no value (missing, None or NaN) and kept without its brackets otherwise; a text that
+is a single field without a value is empty; any other missing value reads "not measured".
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import string
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _SPEC = re.compile(r"^,?(\.\d{1,2})?[fdg%]?$")
+_CLAUSE = re.compile(r"\[([^\[\]]*)\]")
+MISSING = "not measured"
 
 
 class TemplateError(ValueError):
@@ -47,7 +52,7 @@ class _Safe(dict):
 
 class _Blank:
     def __format__(self, spec: str) -> str:
-        return "–"
+        return MISSING
 
 
 def render(text: str, values: dict) -> str:
@@ -62,7 +67,20 @@ def render(text: str, values: dict) -> str:
             clean[name] = _Num(value)
         else:
             clean[name] = _Text(str(value))
-    return text.format_map(clean)
+
+    names = fields(text)
+    if (
+        len(names) == 1
+        and text.strip() == "{" + names[0] + "}"
+        and isinstance(clean[names[0]], _Blank)
+    ):
+        return ""  # a text that is one field (advice) and has no value is empty
+    out = []
+    for i, part in enumerate(_CLAUSE.split(text)):  # text, clause, text, …
+        if i % 2 and any(isinstance(clean[name], _Blank) for name in fields(part)):
+            continue  # a clause with a field that has no value is left out
+        out.append(part.format_map(clean))
+    return "".join(out)
 
 
 class _Text(str):

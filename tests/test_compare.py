@@ -210,7 +210,7 @@ def test_analyze_against_a_baseline_runs_steps_6_and_7(engine_runs):
     differ = next(f for f in data["findings"] if f["check"] == "outputs-differ")
     assert differ["severity"] == "critical" and differ["value"] == 1.0
     status = {s["step"]: s["status"] for s in data["steps"]}
-    assert status[6] == "ok" and status[7] == "findings"
+    assert status[6] == "pass" and status[7] == "fired"
 
 
 def test_findings_that_appeared_disappeared_or_changed_severity():

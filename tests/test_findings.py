@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from perfdiag import load_run
-from perfdiag.analyzers.findings import Evidence, Finding
+from perfdiag.analyzers.findings import Evidence, Finding, value_text
 from perfdiag.cli import app
 from perfdiag.playbooks.evaluate import _rank, run_triage
 from perfdiag.playbooks.facts import TriageContext
@@ -107,7 +107,13 @@ def test_evidence_reads_as_people_write_it():
     assert Evidence("x", "x", 12.345, "ms").text() == "12.3 ms"
     assert Evidence("x", "x", 1234.5, "ms").text() == "1,234 ms"
     assert Evidence("x", "x", 20480, "tokens").text() == "20,480 tokens"
-    assert Evidence("x", "x", float("nan"), "ms").text() == "–"
+    assert Evidence("x", "x", float("nan"), "ms").text() == "not measured"
+    assert Evidence("x", "x", None, "ms").text() == "not measured"
+    assert Evidence("x", "x", 0.0, "%").text() == "0%"
+    assert Evidence("x", "x", 1.6e-15, "%").text() == "<0.01%"  # rounding noise
+    assert Evidence("x", "x", 0.00064, "%").text() == "0.064%"
+    assert value_text(1163.67, "ms", signed=True) == "+1,164 ms"
+    assert value_text(-0.25, "%", signed=True) == "-25%"
     assert Evidence("x", "x", True).text() == "yes"
 
 
@@ -193,13 +199,13 @@ def test_an_imported_trace_gets_the_steps_it_can(tmp_path):
     out = tmp_path / "imported"
     cli("import", KINETO, "--out", out)
     text = cli("analyze", out)
-    assert "2 Does the load arrive as asked, and does the engine keep up? — not-evaluated" in text
+    assert "2 Does the load arrive as asked, and does the engine keep up? — not evaluated" in text
     assert "the run lacks requests, request_events" in text
     assert "host-bound, kv-exhausted — the run has no steps table" in text
     data = json.loads((out / "results" / "findings.json").read_text())
     status = {s["step"]: s["status"] for s in data["steps"]}
     assert status[2] == status[3] == status[5] == "not-evaluated"
-    assert status[0] in ("ok", "partial", "findings")
+    assert status[0] in ("pass", "partial", "fired")
     skipped = [c for s in data["steps"] for c in s["checks"] if c["status"] == "not-evaluated"]
     assert skipped and all(c["reason"] for c in skipped)
     tables = next(f for f in data["findings"] if f["check"] == "tables-missing")

@@ -194,7 +194,17 @@ def test_templates_fill_plain_values_only():
     assert template.render("{a:.1f} ms, {b:.0%}, {c}", {"a": 1.26, "b": 0.5, "c": "x"}) == (
         "1.3 ms, 50%, x"
     )
-    assert template.render("{a:d} {missing} {n:.1f}", {"a": 2.5, "n": float("nan")}) == "2.5 – –"
+    nan = float("nan")
+    assert template.render("{a:d} {missing} {n:.1f}", {"a": 2.5, "n": nan}) == (
+        "2.5 not measured not measured"
+    )
+    # a bracketed clause is left out when one of its values is missing
+    text = "swap {s} tokens[, saving {ms:.0f} ms ({p:.0%} of step time)]"
+    assert template.render(text, {"s": 3, "ms": nan, "p": 0.1}) == "swap 3 tokens"
+    assert template.render(text, {"s": 3, "ms": 12.0, "p": 0.1}) == (
+        "swap 3 tokens, saving 12 ms (10% of step time)"
+    )
+    assert template.render("{advice}", {"advice": None}) == ""  # advice without ground
     assert template.render("{flag}", {"flag": True}) == "yes"
     for bad in ("{a.b}", "{a[0]}", "{a!s}", "{a:{b}}", "{A}"):
         with pytest.raises(template.TemplateError):

@@ -204,7 +204,7 @@ async def test_compare_two_runs(runs):
         # steps 6 and 7 on the overview are B's checks against A: outputs differ, fail
         steps = app.screen.query_one("#steps", DataTable)
         assert (
-            "fail" in str(steps.get_row("step7")[1]) and "B against A" in steps.get_row("step7")[2]
+            "fired" in str(steps.get_row("step7")[1]) and "B against A" in steps.get_row("step7")[2]
         )
         await pilot.press("c")
         await settle(app, pilot)

@@ -12,8 +12,9 @@ import pytest
 import tui_runs
 
 from perfdiag import load_run
+from perfdiag.playbooks.triage_view import step_status
 from perfdiag.tui import fmt, query
-from perfdiag.tui.data import RunData, identity, step_status
+from perfdiag.tui.data import RunData, identity
 from perfdiag.tui.data_load import load_series
 from perfdiag.tui.data_requests import request_detail, requests_frame
 from perfdiag.tui.data_resources import build_lanes, window_breakdown
@@ -53,15 +54,21 @@ def test_progress_is_reported_stage_by_stage(tmp_path):
 def test_findings_and_step_statuses(demo):
     checks = [f.check for f in demo.findings()]
     assert checks[:4] == ["few-requests", "host-bound", "over-capacity", "queue-dominates-ttft"]
-    status = {s.step: s.status for s in demo.steps()}
-    # critical findings fail a step, a warning warns, a step with nothing fired passes,
-    # a step none of whose checks could run is "not evaluated"
-    assert status == {0: "pass", 1: "warn", 2: "fail", 3: "warn", 4: "fail", 5: "pass",
-                      6: "not evaluated", 7: "pass"}  # fmt: skip
-    six = next(s for s in demo.steps() if s.step == 6)
-    assert six.not_evaluated[0][0] == "several-variables"
+    status = {s.step: (s.status, s.worst) for s in demo.steps()}
+    # a warning or critical finding fires a step (styled by the worst); a step some of
+    # whose checks could not run is partial, one none of whose checks could run is
+    # not evaluated; an info finding never fires a step (step 5)
+    assert status == {0: ("partial", None), 1: ("fired", "warning"), 2: ("fired", "critical"),
+                      3: ("fired", "warning"), 4: ("fired", "critical"), 5: ("partial", "info"),
+                      6: ("not-evaluated", None), 7: ("partial", None)}  # fmt: skip
+    five = demo.view.step(5)
+    assert five.counts.text() == "0 passed, 1 fired (1 info), 1 not evaluated"
+    six = demo.view.step(6)
+    assert six.not_evaluated[0][1] == ("several-variables",)
     step4 = next(s for s in demo.triage.steps if s.step == 4)
-    assert step_status(step4, ()) == "pass"  # without its findings nothing fails
+    assert step_status(step4.checks) == "fired"
+    evaluated = [c for c in step4.checks if c.status == "passed"]
+    assert step_status(evaluated) == "pass" and step_status(()) == "not-evaluated"
 
 
 def test_key_metrics(demo):

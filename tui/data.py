@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from ..analyzers.findings import Evidence, Finding, StepResult, Triage
+from ..analyzers.findings import Evidence, Finding, Triage
 from ..analyzers.lifecycle import Missing
+from ..playbooks.triage_view import StepView, TriageView, triage_view
 from ..traces.reader import Run, load_run
 from . import fmt
 
@@ -27,7 +28,6 @@ Progress = Callable[[str, float], None]  # (stage, fraction done)
 ENGINE_KEYS = ("preset", "device", "dtype", "chunk_size", "max_seqs", "max_batched_tokens",
                "kv_cache_mb", "kv_blocks", "block_size", "prefix_cache", "preemption", "policy",
                "kernel_backend", "cuda_graphs")  # fmt: skip
-STATUS_OF_SEVERITY = {"critical": "fail", "warning": "warn"}
 
 
 def open_run(source: Run | str | os.PathLike) -> Run:
@@ -42,17 +42,6 @@ class Identity:
     source: str
     path: str
     rows: tuple[tuple[str, str], ...]  # (label, text): command, created, config, environment…
-
-
-@dataclass(frozen=True)
-class StepRow:
-    step: int
-    title: str
-    status: str  # pass | warn | fail | not evaluated
-    fired: int  # warnings and critical findings
-    passed: int
-    notes: int  # informational findings
-    not_evaluated: tuple[tuple[str, str], ...]  # (check, reason)
 
 
 class RunData:
@@ -142,8 +131,15 @@ class RunData:
     def metrics(self) -> tuple[Evidence, ...]:
         return key_metrics(self)
 
-    def steps(self) -> tuple[StepRow, ...]:
-        return step_rows(self.triage) if self.triage is not None else ()
+    @property
+    def view(self) -> TriageView | None:
+        """The triage as the CLI and report.md show it too (playbooks/triage_view.py)."""
+        if self.triage is None:
+            return None
+        return self.memo("triage_view", lambda d: triage_view(d.triage))
+
+    def steps(self) -> tuple[StepView, ...]:
+        return self.view.steps if self.view is not None else ()
 
     def findings(self) -> tuple[Finding, ...]:
         return self.triage.findings if self.triage is not None else ()
@@ -294,28 +290,3 @@ def key_metrics(data: RunData) -> tuple[Evidence, ...]:
         out.append(Evidence("slo", "SLO attainment", m.goodput.attainment, "%"))
     out.append(steps)
     return tuple(out)
-
-
-def step_status(step: StepResult, findings: tuple[Finding, ...]) -> str:
-    """pass / warn / fail from the worst warning or critical finding of the step;
-    `not evaluated` when no check of it could run."""
-    worst = [f.severity for f in findings if f.step == step.step and f.severity != "info"]
-    if "critical" in worst:
-        return "fail"
-    if worst:
-        return "warn"
-    if step.checks and len(step.not_evaluated) == len(step.checks):
-        return "not evaluated"
-    return "pass"
-
-
-def step_rows(triage: Triage) -> tuple[StepRow, ...]:
-    rows = []
-    for s in triage.steps:
-        fired = sum(c.status == "fired" and c.severity != "info" for c in s.checks)
-        notes = sum(c.status == "fired" and c.severity == "info" for c in s.checks)
-        passed = sum(c.status == "passed" for c in s.checks)
-        skipped = tuple((c.check, c.reason) for c in s.not_evaluated)
-        status = step_status(s, triage.findings)
-        rows.append(StepRow(s.step, s.title, status, fired, passed, notes, skipped))
-    return tuple(rows)

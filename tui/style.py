@@ -5,11 +5,22 @@ from __future__ import annotations
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 SEVERITY_LABEL = {"critical": "CRIT", "warning": "WARN", "info": "info"}
-STATUS_STYLE = {"fail": "bold red", "warn": "yellow", "pass": "green", "not evaluated": "dim"}
-STATUS_GLYPH = {"fail": "✖", "warn": "▲", "pass": "✔", "not evaluated": "·"}
+# A step's status (playbooks/triage_view.py): a fired step is styled by its worst severity.
+STATUS_STYLE = {"fired": "bold red", "partial": "yellow", "pass": "green", "not-evaluated": "dim"}
+STATUS_GLYPH = {"fired": "✖", "partial": "◐", "pass": "✔", "not-evaluated": "·"}
 OUTCOME_STYLE = {"fired": "yellow", "passed": "green", "not-evaluated": "dim"}
 VERDICT_STYLE = {"better": "green", "worse": "red", "same": "dim", "unknown": "dim"}
 
 
 def severity_label(severity: str) -> str:
     return SEVERITY_LABEL.get(severity, severity)
+
+
+def step_status_text(step):
+    """A step's status as a styled glyph and word: "✖ fired", "◐ partial", …"""
+    from rich.text import Text
+
+    style = STATUS_STYLE[step.status]
+    if step.status == "fired" and step.worst == "warning":
+        style = SEVERITY_STYLE["warning"]
+    return Text(f"{STATUS_GLYPH[step.status]} {step.status_text}", style=style)

@@ -5,14 +5,16 @@ check opens its finding."""
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Label, Static
 
 from .. import fmt
-from ..data import RunData, step_status
-from ..style import OUTCOME_STYLE, SEVERITY_STYLE, STATUS_GLYPH, STATUS_STYLE
+from ..data import RunData
+from ..style import OUTCOME_STYLE, SEVERITY_STYLE, step_status_text
 from .base import RunScreen
 
 
@@ -27,7 +29,8 @@ class TriageStepScreen(RunScreen):
 
     @property
     def result(self):
-        return next((s for s in self.data.triage.steps if s.step == self.step), None)
+        """The step as every renderer shows it (playbooks/triage_view.py), or None."""
+        return self.data.view.step(self.step) if self.data.view is not None else None
 
     def title_text(self) -> str:
         self.name_text = f"step {self.step}"
@@ -44,9 +47,9 @@ class TriageStepScreen(RunScreen):
         t = Text()
         if s is None:
             return Text(f"step {self.step}: not in this playbook", style="dim")
-        status = step_status(s, self.data.triage.findings)
         t.append(f"Step {s.step}: {s.title}  ", style="bold")
-        t.append(f"{STATUS_GLYPH[status]} {status}", style=STATUS_STYLE[status])
+        t.append_text(step_status_text(s))
+        t.append(f"\n{s.counts.text()}", style="dim")
         return t
 
     def checks_table(self) -> DataTable:
@@ -54,21 +57,18 @@ class TriageStepScreen(RunScreen):
         width = max(self.app.size.width - 34, 20)
         table.add_column("check", width=26)
         table.add_column("outcome", width=width)
-        rows = self.result.checks if self.result is not None else ()
-        for c in rows:
-            if c.status == "fired":
-                f = self.data.triage.by_check(c.check)
-                text = Text(f"{c.severity}: ", style=SEVERITY_STYLE.get(c.severity or "", ""))
-                text.append(fmt.clip(f.title if f else "", width - len(text)))
-                key = f"finding:{c.check}"
-            elif c.status == "passed":
-                text = Text(f"passed ({_value(c.value)})", style=OUTCOME_STYLE["passed"])
-                key = f"check:{c.check}"
+        rows = self.result.outcomes if self.result is not None else ()
+        for o in rows:
+            if o.status == "fired":
+                text = Text(f"{o.severity}: ", style=SEVERITY_STYLE.get(o.severity or "", ""))
+                text.append(o.title)
+                key = f"finding:{o.check}"
             else:
-                text = Text(fmt.clip(f"not evaluated: {c.reason}", width), style="dim")
-                key = f"check:{c.check}"
-            table.add_row(c.check, text, key=key)
-        table.styles.height = min(len(rows), 12) + 1
+                text = Text(o.text(), style=OUTCOME_STYLE[o.status])
+                key = f"check:{o.check}"
+            # rows as tall as their text: a cut reason would lose the command to run
+            table.add_row(fmt.clip(o.check, 26), text, key=key, height=_lines(text.plain, width))
+        table.styles.height = min(sum(_lines(o.text(), width) for o in rows), 16) + 1
         return table
 
     def evidence(self) -> ComposeResult:
@@ -93,7 +93,5 @@ class ChecksScreen(TriageStepScreen):
                         classes="note")  # fmt: skip
 
 
-def _value(v) -> str:
-    if isinstance(v, float):
-        return fmt.num(v)
-    return fmt.DASH if v is None else str(v)
+def _lines(text: str, width: int) -> int:
+    return max(len(textwrap.wrap(text, width)), 1)

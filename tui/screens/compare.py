@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
+from ...playbooks.triage_view import triage_view
 from .. import fmt
 from ..style import SEVERITY_STYLE, VERDICT_STYLE
 from .base import RunScreen
@@ -87,18 +88,12 @@ def variables(diff) -> Group:
 def steps_against(triage) -> Table:
     """B's steps 6 and 7 with A as the baseline: each check's outcome."""
     t = Table("B against A", "outcome", box=None, header_style="bold dim", padding=(0, 1))
-    for s in triage.steps:
+    for s in triage_view(triage).steps:
         if s.step < 6:
             continue
-        for c in s.checks:
-            f = triage.by_check(c.check)
-            if c.status == "fired" and f is not None:
-                text = Text(f"{c.severity}: {f.title}", style=SEVERITY_STYLE.get(c.severity, ""))
-            elif c.status == "passed":
-                text = Text("passed", style="green")
-            else:
-                text = Text(f"not evaluated: {c.reason}", style="dim")
-            t.add_row(f"{s.step} {c.check}", text)
+        for o in s.outcomes:
+            style = {"fired": SEVERITY_STYLE.get(o.severity or "", ""), "passed": "green"}
+            t.add_row(f"{s.step} {o.check}", Text(o.text(), style=style.get(o.status, "dim")))
     return t
 
 
@@ -108,18 +103,10 @@ def deltas(ds) -> Table | Text:
     t = Table("end-to-end (step 7)", "A", "B", "Δ B−A", "95% interval", "", box=None,
               header_style="bold dim", padding=(0, 1))  # fmt: skip
     for d in ds:
-        rel = "" if d.relative != d.relative else f" ({d.relative:+.0%})"
-        ci = fmt.DASH if d.ci_low != d.ci_low else f"[{fmt.num(d.ci_low)}, {fmt.num(d.ci_high)}]"
+        a, b, delta, ci = d.texts()
         verdict = d.verdict if d.verdict != "unknown" else "no interval"
-        style = VERDICT_STYLE[d.verdict]
-        delta = f"{d.delta:+,.3g}{rel}"
         t.add_row(
-            f"{d.label} ({d.unit})",
-            fmt.num(d.a),
-            fmt.num(d.b),
-            delta,
-            ci,
-            Text(verdict, style=style),
+            f"{d.label} ({d.unit})", a, b, delta, ci, Text(verdict, style=VERDICT_STYLE[d.verdict])
         )
     return t
 

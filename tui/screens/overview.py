@@ -11,8 +11,8 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Label, ProgressBar, Static
 
 from .. import fmt
-from ..data import RunData, step_rows
-from ..style import SEVERITY_STYLE, STATUS_GLYPH, STATUS_STYLE, severity_label
+from ..data import RunData
+from ..style import SEVERITY_STYLE, severity_label, step_status_text
 from .base import RunScreen
 
 
@@ -52,20 +52,18 @@ class OverviewScreen(RunScreen):
 
     # -- parts -------------------------------------------------------------------
     def headline(self) -> Text:
-        t = self.data.triage
-        top = t.top
-        problems = [f for f in t.qualifiers if f.severity != "info"]
+        v = self.data.view
+        top = v.top
         text = Text()
+        text.append("Top cause: ", style="bold")
         if top is None:
-            text.append("Top cause: ", style="bold")
-            text.append("none — no warning or critical finding in steps 2–7", style="green")
+            text.append(v.verdict, style="green" if not v.problems else "yellow")
         else:
-            text.append("Top cause: ", style="bold")
             text.append(severity_label(top.severity) + " ", style=SEVERITY_STYLE[top.severity])
-            text.append(top.title)
-        if problems:
-            text.append(f"\n{len(problems)} data/reproducibility problem(s) qualify it",
-                        style="yellow")  # fmt: skip
+            text.append(v.verdict)
+        text.append("\nSteps 0 and 1: ", style="bold")
+        serious = any(f.severity != "info" for f in v.qualifiers)
+        text.append(v.gate_summary, style="yellow" if serious else "dim")
         return text
 
     def strip(self) -> Text:
@@ -105,25 +103,29 @@ class OverviewScreen(RunScreen):
 
     def steps_table(self) -> DataTable:
         table = DataTable(id="steps", cursor_type="row")
-        width = max(self.app.size.width - 53, 16)
+        width = self.question_width()
         table.add_column("step", width=4)
         table.add_column("status", width=15)
         table.add_column("question", width=width)
-        table.add_column("checks", width=20)
+        table.add_column("checks", width=self.counts_width())
         self.fill_steps(table, width)
         table.styles.height = len(self.step_rows()) + 1
         return table
 
+    def counts_width(self) -> int:
+        """Wide enough for every step's counts (they are never cut)."""
+        return max((len(s.counts.short()) for s in self.step_rows()), default=12)
+
+    def question_width(self) -> int:
+        return max(self.app.size.width - 33 - self.counts_width(), 16)
+
     def fill_steps(self, table: DataTable, width: int) -> None:
         for s in self.step_rows():
-            counts = f"{s.fired} fired, {s.passed} ok"
-            if s.not_evaluated:
-                counts += f", {len(s.not_evaluated)} n/e"
             table.add_row(
                 str(s.step),
-                Text(f"{STATUS_GLYPH[s.status]} {s.status}", style=STATUS_STYLE[s.status]),
+                step_status_text(s),
                 fmt.clip(s.title, width),
-                counts,
+                s.counts.short(),
                 key=f"step{s.step}",
             )
 
@@ -135,7 +137,9 @@ class OverviewScreen(RunScreen):
             return rows
         from dataclasses import replace
 
-        against = {s.step: s for s in step_rows(c.triage) if s.step >= 6}
+        from ...playbooks.triage_view import triage_view
+
+        against = {s.step: s for s in triage_view(c.triage).steps if s.step >= 6}
         return tuple(
             replace(against[s.step], title=f"{s.title} (B against A)") if s.step in against else s
             for s in rows
@@ -173,7 +177,7 @@ class OverviewScreen(RunScreen):
             for table in self.query("#steps").results(DataTable):
                 row = table.cursor_row
                 table.clear()
-                self.fill_steps(table, max(self.app.size.width - 53, 16))
+                self.fill_steps(table, self.question_width())
                 table.move_cursor(row=row)
             return
         stage, share = self.app.progress

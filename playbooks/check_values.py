@@ -1,0 +1,111 @@
+"""What each fact's value measures, and in which unit: how a check's outcome reads.
+
+A finding's title says what fired; a check that passed (or fired) also has a value, the
+fact's number compared with the check's thresholds. Read bare, `0.00453` says nothing;
+with its meaning and unit it reads "TTFT growth per second of load 0.00453 s/s (fires at
+≥ 0.1 s/s)". The meaning may name the check's parameters (`{part}`, `{cause}`, `{what}`),
+spelled out by PARAM_WORDS. A test checks that every registered fact has an entry.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Measure(NamedTuple):
+    label: str  # what the value is, as a noun phrase ("requests measured")
+    unit: str = ""  # an Evidence unit: "%" for shares, "ms", "s/s", "×", "" for counts/text
+
+
+FACT_MEASURES: dict[str, Measure] = {
+    # the gate (step 0)
+    "run_status": Measure("run status"),
+    "dropped_records": Measure("records dropped", "%"),
+    "profiler_window_empty": Measure("profiler window empty"),
+    "probe_stalls": Measure("engine time held by probes", "%"),
+    "clock_uncertainty_ms": Measure("clock uncertainty", "ms"),
+    "out_of_order": Measure("requests and steps out of order", "%"),
+    "incomplete_lifecycles": Measure("requests with incomplete lifecycles", "%"),
+    "unexplained_latency": Measure("TTFT or ITL unexplained", "%"),
+    "missing_tables": Measure("tables without rows"),
+    # step 1
+    "unpinned": Measure("unrecorded things a reproduction needs"),
+    "repeat_spread": Measure("largest spread across repeats", "%"),
+    "repeat_differences": Measure("settings that differ between repeats"),
+    "measured_requests": Measure("requests measured"),
+    # step 2
+    "back_pressure": Measure("requests held back by the client's cap", "%"),
+    "wait_growth": Measure("TTFT growth per second of load", "s/s"),
+    "client_behind_schedule": Measure("offered rate below the client's plan", "%"),
+    "burst_queueing": Measure("TTFT queued because of bursts", "%"),
+    "schedule_vs_target": Measure("drawn schedule's rate off the target", "%"),
+    "littles_law_gap": Measure("Little's law gap (|λ·W − L| / L)", "%"),
+    # step 3
+    "ttft_part_share": Measure("TTFT in {part}", "%"),
+    "ttft_overhead": Measure("TTFT that is not the request's own prefill", "%"),
+    "cold_starvation": Measure("cold-prefix TTFT waiting beyond hot-prefix requests", "%"),
+    "chunk_overhead": Measure("TTFT in step cost beyond the first prefill step", "%"),
+    "itl_spike": Measure("worst 1 % of ITL over the median", "×"),
+    "itl_tail_share": Measure("ITL spikes from {cause}", "%"),
+    # step 4
+    "host_contention": Measure("step time lost to other processes", "%"),
+    "step_inflation": Measure("step time beyond the step cost model", "%"),
+    "host_share": Measure("engine busy time on the host", "%"),
+    "preemption_rate": Measure("preemptions per request"),
+    "kv_full_share": Measure("steps waiting on a full KV pool", "%"),
+    "gpu_idle_share": Measure("traced time the GPU idles {cause}", "%"),
+    "exposed_share": Measure("traced time in {what} without compute beside it", "%"),
+    "rank_imbalance": Measure("less work on the idlest rank than the busiest", "%"),
+    "ranks": Measure("ranks"),
+    # step 5
+    "prefix_reuse_missed": Measure("prompt tokens recomputed that the cache could serve", "%"),
+    "cache_hits": Measure("prompt tokens served by the prefix cache", "%"),
+    # steps 6 and 7
+    "changed_variables": Measure("main variables changed"),
+    "failure_rate": Measure("requests failed", "%"),
+    "slo_attainment": Measure("requests that met the SLO", "%"),
+    "output_mismatch": Measure("requests whose outputs differ", "%"),
+    "latency_regression": Measure("largest latency worsening beyond noise", "%"),
+}
+
+PARAM_WORDS = {
+    # TTFT parts (analyzers/ttft.py)
+    "input_s": "input processing",
+    "queue_s": "the engine queue",
+    "cache_load_s": "cache loads",
+    "prefill_own_s": "its own prefill",
+    "step_overhead_s": "fixed step cost",
+    "prefill_others_s": "others' work",
+    "inflation_s": "inflated steps",
+    "probe_s": "probe stalls",
+    "host_gap_s": "gaps between steps",
+    "sample_return_s": "sampling and return",
+    "remainder_s": "no milestone",
+    # ITL causes (analyzers/itl.py)
+    "decode": "decode",
+    "interference": "others' prefill",
+    "inflation": "inflated steps",
+    "preemption": "preemption",
+    "probe": "probe stalls",
+    "host_gap": "gaps between steps",
+    "stream_out": "delivery after sampling",
+    "remainder": "no step",
+    # GPU gap causes (analyzers/gaps.py)
+    "sync": "in synchronisation",
+    "launch_delay": "for late launches",
+    "host_bound": "for a busy host",
+    "no_work": "with no work",
+    "unlinked": "for unknown reasons",
+    # exposed work
+    "comm": "communication",
+    "copy": "copies",
+}
+
+
+def measure(fact: str, params: dict) -> Measure:
+    """The meaning and unit of `fact`'s value under the check's `params`."""
+    m = FACT_MEASURES.get(fact, Measure(fact.replace("_", " ")))
+    words = {k: PARAM_WORDS.get(str(v), str(v).replace("_", " ")) for k, v in params.items()}
+    for key in ("part", "cause", "what"):
+        words.setdefault(key, "")
+    return Measure(m.label.format_map(words).replace("  ", " "), m.unit)
