@@ -61,8 +61,12 @@ class CapacityPlan:
             flags["concurrency"], flags["closed"] = int(x), True
             flags["requests"] = max(self.min_requests, int(x) * REQUESTS_PER_CLIENT)
         flags["seed"] = int(self.base.get("seed") or 0) + repeat
+        return self.aimed(flags)
+
+    def aimed(self, flags: dict[str, Any]) -> dict[str, Any]:
+        """The flags with the HTTP target, when there is one."""
         if self.target:
-            flags["target"], flags["api_key"] = self.target, self.api_key
+            return {**flags, "target": self.target, "api_key": self.api_key}
         return flags
 
 
@@ -105,12 +109,10 @@ def saturation(plan: CapacityPlan, out_dir: Path, on_progress=None) -> Saturatio
     """The closed-loop throughput at the engine's batch limit (or 16 target clients)."""
     from ..cli.run import build_options
 
-    options, http = build_options({**plan.base, "closed": True, "concurrency": 1})
+    options, http = build_options(plan.aimed({**plan.base, "closed": True, "concurrency": 1}))
     c = TARGET_PROBE_CONCURRENCY if http is not None else options.engine.max_seqs
-    flags = {**plan.base, "closed": True, "concurrency": c,
-             "requests": max(plan.min_requests, c * 4)}  # fmt: skip
-    if plan.target:
-        flags["target"], flags["api_key"] = plan.target, plan.api_key
+    flags = plan.aimed({**plan.base, "closed": True, "concurrency": c,
+                        "requests": max(plan.min_requests, c * 4)})  # fmt: skip
     m = measure_run(plan, flags, out_dir / "runs" / f"saturation-c{c}", on_progress)
     metrics = m.serving.metrics
     rps = float("nan") if isinstance(metrics, Missing) else metrics.throughput.requests_per_s

@@ -6,38 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
-import time
+
+from serve_support import start_server as _start_server
+from serve_support import stop_server as _stop
 
 from perfdiag.traces.reader import load_run
-
-
-def _start_server(tmp_path, *extra):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "perfdiag", "serve", "--preset", "tiny", "--port", "0",
-         "--kv-blocks", "64", "-o", str(tmp_path / "srv"), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    line = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        m = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"the server did not start: {line}{proc.stdout.read()}")
-
-
-def _stop(proc) -> str:
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
-    return out
 
 
 def test_serve_run_join_analyze(tmp_path, cli):

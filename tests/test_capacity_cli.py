@@ -1,0 +1,54 @@
+"""`perfdiag capacity` on real systems: engine_ref in process, and `perfdiag serve` over
+HTTP. Each finds a rate whose repeated runs meet the SLO while a rate at most 20 %
+higher misses it, says what limits it there, and keeps every run it made."""
+
+from __future__ import annotations
+
+import json
+
+from serve_support import start_server, stop_server
+
+from perfdiag.traces.manifest import read_manifest
+
+SLO = "ttft=0.03,tpot=4ms"
+LOAD = ["--set", "prompt-len=64", "--set", "output-len=16", "--set", "no-device-sampling=on",
+        "--duration", "2", "--max-repeats", "2", "--tolerance", "0.2", "-q"]  # fmt: skip
+
+
+def _check(out, slo_targets) -> dict:
+    data = json.loads((out / "capacity.json").read_text())
+    assert data["verdict"] == "found", data["levels"]
+    cap, above = data["capacity"], data["above"]
+    assert cap["decision"] == "meets" and len(cap["repeats"]) >= 2
+    assert all(r["good"] / r["judged"] >= 0.9 for r in cap["repeats"])  # every repeat meets
+    assert above["decision"] == "misses" and above["x"] <= cap["x"] * 1.2 + 1e-9
+    assert data["slo"] == slo_targets
+    for level in data["levels"]:
+        for r in level["repeats"]:
+            assert read_manifest(r["run"]).status == "complete"
+    return data
+
+
+def test_capacity_of_engine_ref(tmp_path, cli):
+    out = tmp_path / "cap"
+    r = cli("capacity", "--slo", SLO, "--set", "preset=tiny", *LOAD, "-o", out, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = _check(out, {"ttft_s": 0.03, "tpot_s": 0.004})
+    assert data["saturation"]["concurrency"] == 64  # the engine's max_seqs
+    said = " ".join(r.stdout.split())
+    assert f"capacity: {data['capacity']['x']:g} req/s meets the SLO" in said
+    assert "limiting cause at capacity" in said
+
+
+def test_capacity_of_a_server_over_http(tmp_path, cli):
+    proc, url = start_server(tmp_path)
+    try:
+        out = tmp_path / "cap"
+        r = cli("capacity", "--slo", "ttft=0.05,tpot=8ms", "--target", url, *LOAD, "-o", out,
+                timeout=600)  # fmt: skip
+    finally:
+        stop_server(proc)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = _check(out, {"ttft_s": 0.05, "tpot_s": 0.008})
+    assert data["saturation"]["concurrency"] == 16  # a target's probe: 16 clients
+    assert read_manifest(data["capacity"]["repeats"][0]["run"]).config.get("target")
