@@ -43,7 +43,9 @@ INT_COLUMNS = [
     "bytes",
 ]
 SPAN_COLUMNS = [*INT_COLUMNS, "name", "category", "args"]
-ARG_COLUMNS = ("step_id", "correlation", "flops", "bytes")
+# perfdiag's own fields in each slice's args (where set): device/stream and rank let
+# perfdiag's importer read a Chrome export back with its GPU work and ranks.
+ARG_COLUMNS = ("step_id", "correlation", "flops", "bytes", "device", "stream", "rank")
 COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 
 # resource kinds, in writing order: CPU before GPU (flow ties), then the rest

@@ -139,7 +139,7 @@ def _write_kineto(run: Run, folder: Path) -> list[Path]:
         path = folder / f"{re.sub(r'[^A-Za-z0-9_-]+', '_', worker)}.pt.trace.json"
         header = {
             "schemaVersion": 1,
-            "deviceProperties": run.manifest.environment.get("gpus") or [],
+            "deviceProperties": device_properties(run.manifest.environment.get("gpus")),
         }
         if rank >= 0:
             world = len(np.unique(ranks[ranks >= 0]))
@@ -148,6 +148,31 @@ def _write_kineto(run: Run, folder: Path) -> list[Path]:
             _write_rank(rows, ChromeSink(f, extra_header=header), run)
         files.append(path)
     return files
+
+
+def device_properties(gpus) -> list[dict]:
+    """The run's GPUs in Kineto's `deviceProperties` form (what the plugin and importers
+    read): an imported trace's own entries as recorded, a recorded run's from its
+    environment (index, name, memory, SMs, compute capability)."""
+    out = []
+    for g in gpus if isinstance(gpus, list) else []:
+        if not isinstance(g, dict):
+            continue
+        props = g.get("properties")
+        if isinstance(props, dict) and props:
+            out.append(dict(props))
+            continue
+        entry = {
+            "id": g.get("index"),
+            "name": g.get("name"),
+            "totalGlobalMem": g.get("memory_bytes"),
+            "numSms": g.get("sm_count"),
+        }
+        major, _, minor = str(g.get("capability") or "").partition(".")
+        if major.isdigit() and minor.isdigit():
+            entry.update(computeMajor=int(major), computeMinor=int(minor))
+        out.append({k: v for k, v in entry.items() if v is not None})
+    return out
 
 
 def _write_rank(t: pa.Table, sink: ChromeSink, run: Run) -> None:

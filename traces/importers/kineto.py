@@ -177,7 +177,7 @@ def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, jobs, warn
             clock={
                 "clock": "kineto",  # ns since the trace's time base
                 "monotonic_ns": 0,
-                "wall_ns": summary.files[0].base_time_ns,
+                "wall_ns": _wall_at_base(headers[0], summary.files[0].base_time_ns),
                 "uncertainty_ns": 0,
                 "resolution_ns": 1,
             },
@@ -203,8 +203,25 @@ def _header_before_events(path: Path) -> dict:
     return stream.header
 
 
+def _wall_at_base(header: dict, base_ns: int) -> int:
+    """Unix ns at the time base: the base itself (Kineto's is Unix ns), except in a
+    perfdiag export, whose base is on the run's own clock and which says its wall time."""
+    wall = (
+        header.get("otherData", {}).get("wall_ns_at_base") if _is_perfdiag_export(header) else None
+    )
+    return wall if isinstance(wall, int) and not isinstance(wall, bool) else base_ns
+
+
+def _is_perfdiag_export(header: dict) -> bool:
+    """perfdiag's Chrome and TensorBoard exports say so in `otherData`."""
+    other = header.get("otherData")
+    return isinstance(other, dict) and "perfdiag_version" in other and "run_id" in other
+
+
 def _read_file(path: Path, ident, offset: int, spans, counters, jobs):
     rank = ident.rank
+    export = _is_perfdiag_export(ident.header)
+    flags = {"perfdiag_export": export, "rank_from_args": export and ident.rank_source != "--rank"}
     workers = plan_workers(path, jobs)
     if workers > 1 and is_object_document(path):
         header = _header_before_events(path)
@@ -215,6 +232,7 @@ def _read_file(path: Path, ident, offset: int, spans, counters, jobs):
             offset=offset,
             add_spans=spans.append_batch,
             add_counters=counters.append_batch,
+            flags=flags,
         )
         header = {**header, **parts[-1].header}
         merged: dict = {"spans": {}, "skipped": {}, "processes": {}, "threads": {}, "windows": []}
@@ -249,6 +267,7 @@ def _read_file(path: Path, ident, offset: int, spans, counters, jobs):
         counters.append,
         rank_of=lambda _h: rank,
         time_offset_ns=offset,
+        **flags,
     )
     reader.read()
     header = reader.stream.header

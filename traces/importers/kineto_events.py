@@ -9,7 +9,11 @@ tuples. Conventions (see docs/timeline.md):
 - NCCL/RCCL kernels, `record_param_comms` and collective annotations (`nccl:*`,
   `gloo:*`) are category `comm`; a collective's `bytes` is its input message size;
 - `correlation` comes from `args.correlation`; events without it are joined to their
-  launch through the `ac2g` flow events (binding by thread and start time);
+  launch through the launch flow events, `ac2g` (older Kineto: `async_cpu_to_gpu`),
+  binding by thread and start time;
+- a perfdiag export read back (`perfdiag_export`) keeps what perfdiag wrote in each
+  span's args: its `rank`, and `device`/`stream` for GPU work whose category Kineto does
+  not have (`comm`, `annotation`, `triton`), so its kernels stay GPU work;
 - `args` keeps the event's own args text as written (no re-encoding).
 """
 
@@ -56,6 +60,7 @@ _DTYPE_BYTES = {
     "float64": 8, "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "char": 1,
     "byte": 1, "bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }  # fmt: skip
+LAUNCH_FLOWS = frozenset({"ac2g", "async_cpu_to_gpu", "async_gpu"})  # launch → GPU op
 FLOW_WINDOW = 1 << 18
 MAX_NS = 2**63 - 1  # the run format's int64 ns: anything beyond is not a time
 
@@ -117,10 +122,24 @@ def comm_bytes(args: dict) -> int | None:
 class KinetoFileReader:
     """Reads one trace file, handing each row to `add_span` / `add_counter`."""
 
-    def __init__(self, path, add_span, add_counter, *, rank_of, time_offset_ns: int = 0):
-        """`rank_of(header)` names the rank: Kineto writes `distributedInfo` before the
-        events, so it is called once the first event is reached."""
+    def __init__(
+        self,
+        path,
+        add_span,
+        add_counter,
+        *,
+        rank_of,
+        time_offset_ns: int = 0,
+        perfdiag_export: bool = False,
+        rank_from_args: bool = False,
+    ):
+        """`rank_of(header)` names the rank (called once the first event is reached).
+        `perfdiag_export`: the file is perfdiag's own Chrome/TensorBoard export (its
+        spans' args say where they ran); `rank_from_args`: a span's own `rank` arg wins
+        over the file's rank (an export of several ranks in one file)."""
         self.add_span, self.add_counter = add_span, add_counter
+        self.perfdiag_export = perfdiag_export
+        self.rank_from_args = rank_from_args
         self.stream = ChromeTraceStream(path)
         self.rank_of = rank_of
         self.rank: int | None = None
@@ -158,13 +177,17 @@ class KinetoFileReader:
         offset, add_span, other = self.offset, self.add_span, self._other
         categories, by_cat, pending = CATEGORIES, self.spans_by_category, self._pending
         stream, flows, fallback = self.stream, self._flows, self._args_fallback
+        export, rank_from_args = self.perfdiag_export, self.rank_from_args
         # The hot loop (one pass per event): plain ints take the fast path, anything
         # else goes through to_ns/_int.
         for ev in itertools.chain(() if first is None else (first,), events):
             ph = ev.get("ph")
             if ph != "X":
                 if ph == "f" or ph == "s":
-                    if ev.get("cat") == "ac2g":
+                    flow_cat = ev.get("cat")
+                    if flow_cat == "ac2g" or (
+                        flow_cat.__class__ is str and flow_cat in LAUNCH_FLOWS
+                    ):
                         # Raw (pid, tid, ts) as the key: no conversion for the many flows
                         # that nothing will look up.
                         try:
@@ -233,6 +256,12 @@ class KinetoFileReader:
             if corr is not None and corr.__class__ is not int:
                 corr = _int(corr)
             nbytes = flops = None
+            row_rank = rank
+            if export:
+                if mapped is None and _int(args.get("device")) is not None:
+                    kind = GPU  # perfdiag's comm/annotation/triton on a GPU queue
+                if rank_from_args and (r := _int(args.get("rank"))) is not None:
+                    row_rank = r
             if kind == GPU:
                 pid = tid = None
                 device = args.get("device", ev.get("pid"))
@@ -273,8 +302,11 @@ class KinetoFileReader:
                     text = buf[buf.find(":", k + 6, b) + 1 : b - 1].strip()
                 if text is None or text[:1] != "{" or text[-1:] != "}":
                     text = fallback(args)
+            if export:  # its own figures, whatever the category
+                flops = _int(args["flops"]) if "flops" in args else flops
+                nbytes = _int(args["bytes"]) if "bytes" in args else nbytes
             row = (
-                name, category, start, dur, pid, tid, device, queue, rank, None, corr,
+                name, category, start, dur, pid, tid, device, queue, row_rank, None, corr,
                 flops, nbytes, text,
             )  # fmt: skip
             by_cat[category] = by_cat.get(category, 0) + 1

@@ -90,11 +90,16 @@ class _Batcher:
             self.rows = []
 
 
-def _work(path: str, start: int, stop: int | None, rank, offset: int, conn) -> None:
+def _work(path: str, start: int, stop: int | None, rank, offset: int, flags: dict, conn) -> None:
     try:
         spans, counters = _Batcher(conn, "spans"), _Batcher(conn, "counters")
         reader = KinetoFileReader(
-            path, spans.append, counters.append, rank_of=lambda _h: rank, time_offset_ns=offset
+            path,
+            spans.append,
+            counters.append,
+            rank_of=lambda _h: rank,
+            time_offset_ns=offset,
+            **flags,
         )
         reader.read(start=start, stop=stop)
         if reader.unresolved:  # its flow event may sit in another worker's range
@@ -125,11 +130,12 @@ def _work(path: str, start: int, stop: int | None, rank, offset: int, conn) -> N
 
 
 def read_parallel(
-    path: Path, workers: int, *, rank, offset: int, add_spans, add_counters
+    path: Path, workers: int, *, rank, offset: int, add_spans, add_counters, flags=None
 ) -> list[WorkerResult]:
     """Read `path` with `workers` processes; rows arrive as record batches at
-    `add_spans(batch)` and `add_counters(batch)`. Raises ParallelReadFailed when the
-    result cannot be trusted."""
+    `add_spans(batch)` and `add_counters(batch)`. `flags`: the readers' keyword options
+    (perfdiag_export, rank_from_args). Raises ParallelReadFailed when the result cannot
+    be trusted."""
     chars = text_size_estimate(path)
     cuts = [i * chars // workers for i in range(workers)] + [None]
     ctx = mp.get_context("spawn")  # the parent runs a writer thread: never fork it
@@ -137,7 +143,9 @@ def read_parallel(
     for k in range(workers):
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(
-            target=_work, args=(str(path), cuts[k], cuts[k + 1], rank, offset, child), daemon=True
+            target=_work,
+            args=(str(path), cuts[k], cuts[k + 1], rank, offset, dict(flags or {}), child),
+            daemon=True,
         )
         p.start()
         child.close()
