@@ -17,7 +17,9 @@ from .app import app
 
 @app.command()
 def tui(
-    run: Annotated[Path, typer.Argument(help="A run directory (recorded or imported).")],
+    run: Annotated[
+        Path, typer.Argument(help="A run directory (recorded or imported), or a sweep's.")
+    ],
     run_b: Annotated[
         Path | None, typer.Argument(help="A second run: compared with RUN (RUN the baseline).")
     ] = None,
@@ -37,8 +39,13 @@ def tui(
     from ..tui.app import make_app
 
     target = parse_slo(slo) if slo else None
-    runs = [load_run(p) for p in (run, run_b) if p is not None]
-    explorer = make_app(runs, slo=target, steady=not full_run, ceilings_dir=ceilings_dir)
+    if (run / "sweep.json").exists() and run_b is None:  # perfdiag sweep's directory
+        from ..tui.sweep_app import make_sweep_app
+
+        explorer = make_sweep_app(run, slo=target, steady=not full_run)
+    else:
+        runs = [load_run(p) for p in (run, run_b) if p is not None]
+        explorer = make_app(runs, slo=target, steady=not full_run, ceilings_dir=ceilings_dir)
     explorer.run()
     if explorer.error is not None:
         raise explorer.error

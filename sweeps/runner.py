@@ -234,15 +234,25 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def load_sweep(path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """A sweep directory's spec, points table and runs table (for the TUI and `inspect`)."""
+    """A sweep directory's spec, points table and runs table (for the TUI)."""
     spec_path = Path(path) / SPEC_FILE
     if not spec_path.exists():
         raise ConfigError(f"{path}: not a sweep directory (no {SPEC_FILE})")
-    spec = json.loads(spec_path.read_text())
+    try:
+        data = json.loads(spec_path.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("spec"), dict):
+            raise ValueError("no spec in it")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{spec_path}: not a sweep's {SPEC_FILE} ({e})") from None
     results = Path(path) / RESULTS
 
     def read(name: str) -> pd.DataFrame:
         f = results / f"{name}.parquet"
-        return pd.read_parquet(f) if f.exists() else pd.DataFrame()
+        if not f.exists():
+            return pd.DataFrame()
+        try:
+            return pd.read_parquet(f)
+        except (OSError, ValueError) as e:  # pyarrow's errors are both
+            raise ConfigError(f"{f}: unreadable ({e})") from None
 
-    return spec, read("points"), read("runs")
+    return data, read("points"), read("runs")
