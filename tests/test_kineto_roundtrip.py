@@ -163,3 +163,22 @@ def test_shared_two_rank_job_round_trips_through_chrome(tmp_path):
     a, b = _absolute(tmp_path / "run"), _absolute(tmp_path / "back")
     assert sorted(b["rank"].unique()) == [0, 1]
     assert b.equals(a)
+
+
+def test_an_older_export_with_its_header_last_imports_back(tmp_path, monkeypatch):
+    """Exports written before the header moved first keep `otherData` after the events:
+    a gzip's tail is found by the import, which then reads the file again as an export."""
+    import gzip
+
+    from perfdiag.traces.importers import kineto_identity
+
+    monkeypatch.setattr(kineto_identity, "FIRST_EVENTS", 5)  # the tail is not seen early
+    first = _ranked_excerpt(tmp_path)
+    export_run(first, "chrome", tmp_path / "x.json")
+    doc = json.loads((tmp_path / "x.json").read_text())
+    events = doc.pop("traceEvents")
+    old = tmp_path / "old.json.gz"
+    old.write_bytes(gzip.compress(json.dumps({"traceEvents": events, **doc}).encode()))
+    assert not kineto_identity.read_identity(old).tail_read
+    import_kineto([old], tmp_path / "back")
+    assert _absolute(tmp_path / "back").equals(_absolute(first))

@@ -51,10 +51,18 @@ class ChromeSink:
     def begin(self, info: TraceInfo) -> None:
         first = info.first_ns or 0
         self._base = self.base_ns = max(0, first - first % 1_000_000_000)
-        self._file.write('{"traceEvents":[\n')
-        self._other = {"run_id": info.run_id, "source": info.source, **info.metadata}
+        other = {"run_id": info.run_id, "source": info.source, **info.metadata}
         if info.wall_at(self._base) is not None:
-            self._other["wall_ns_at_base"] = info.wall_at(self._base)
+            other["wall_ns_at_base"] = info.wall_at(self._base)
+        header = {
+            "displayTimeUnit": "ns",
+            "baseTimeNanoseconds": self._base,
+            **self._header,
+            "otherData": other,
+        }
+        # The header first: a streaming reader knows the rank and the time base before
+        # the first event (perfdiag's importer needs no second pass for them).
+        self._file.write(_dumps(header)[:-1] + ',"traceEvents":[\n')
 
     def declare(self, track: Track) -> None:
         if track.kind == GROUP:
@@ -109,14 +117,7 @@ class ChromeSink:
 
     def close(self) -> None:
         self._flush()
-        header = {
-            "displayTimeUnit": "ns",
-            "baseTimeNanoseconds": self._base,
-            **self._header,
-            "otherData": self._other,
-        }
-        tail = _dumps(header)[1:]  # the header's keys, after traceEvents
-        self._file.write(f"\n],{tail}\n")
+        self._file.write("\n]}\n")
 
     # -- text ----------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from ..manifest import CRASHED
 from ..writer import RunWriter
 from .chrome_stream import ChromeTraceStream, TraceFormatError
 from .kineto_events import KinetoFileReader
-from .kineto_identity import assign_ranks, read_identity
+from .kineto_identity import assign_ranks, is_perfdiag_export, late_identity, read_identity
 from .kineto_parallel import ParallelReadFailed, is_object_document, plan_workers, read_parallel
 
 RECORDED_BY = "pytorch-profiler (kineto)"
@@ -133,10 +133,17 @@ def import_kineto(
     ids = [read_identity(p, need_base=len(files) > 1) for p in files]
     warnings = assign_ranks(ids, ranks)
     bases = [i.base_time_ns or 0 for i in ids] if len(files) > 1 else [None]
-    try:
-        summary = _write_run(files, ids, tmp, bases, command, copy_raw, jobs, warnings)
-    except ParallelReadFailed:  # exact, one process
-        summary = _write_run(files, ids, tmp, bases, command, copy_raw, 1, warnings)
+    while True:
+        try:
+            try:
+                summary = _write_run(files, ids, tmp, bases, command, copy_raw, jobs, warnings)
+            except ParallelReadFailed:  # exact, one process
+                summary = _write_run(files, ids, tmp, bases, command, copy_raw, 1, warnings)
+        except _LateIdentity as late:  # the file's tail said who it is: read it again
+            ids[late.index] = late.identity
+            warnings = assign_ranks(ids, ranks)
+            continue
+        break
     try:
         os.rename(tmp, out)
     except OSError as e:
@@ -163,6 +170,8 @@ def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, jobs, warn
         for i, path in enumerate(files):
             offset = 0 if bases[0] is None else bases[i] - bases[0]
             fs, header, meta = _read_file(path, ids[i], offset, spans, counters, jobs)
+            if (late := late_identity(ids[i], header)) is not None:
+                raise _LateIdentity(i, late)
             if bases[0] is not None and fs.base_time_ns != bases[i]:
                 raise TraceFormatError(f"{path}: baseTimeNanoseconds changed while reading")
             headers.append(header)
@@ -207,20 +216,22 @@ def _wall_at_base(header: dict, base_ns: int) -> int:
     """Unix ns at the time base: the base itself (Kineto's is Unix ns), except in a
     perfdiag export, whose base is on the run's own clock and which says its wall time."""
     wall = (
-        header.get("otherData", {}).get("wall_ns_at_base") if _is_perfdiag_export(header) else None
+        header.get("otherData", {}).get("wall_ns_at_base") if is_perfdiag_export(header) else None
     )
     return wall if isinstance(wall, int) and not isinstance(wall, bool) else base_ns
 
 
-def _is_perfdiag_export(header: dict) -> bool:
-    """perfdiag's Chrome and TensorBoard exports say so in `otherData`."""
-    other = header.get("otherData")
-    return isinstance(other, dict) and "perfdiag_version" in other and "run_id" in other
+class _LateIdentity(Exception):
+    """A file's tail changed its identity (see kineto_identity.late_identity)."""
+
+    def __init__(self, index: int, identity):
+        super().__init__(index)
+        self.index, self.identity = index, identity
 
 
 def _read_file(path: Path, ident, offset: int, spans, counters, jobs):
     rank = ident.rank
-    export = _is_perfdiag_export(ident.header)
+    export = is_perfdiag_export(ident.header)
     flags = {"perfdiag_export": export, "rank_from_args": export and ident.rank_source != "--rank"}
     workers = plan_workers(path, jobs)
     if workers > 1 and is_object_document(path):

@@ -2,11 +2,15 @@
 device and start, from the top-level keys wherever they stand in the document.
 
 Kineto writes `distributedInfo` and `deviceProperties` before `traceEvents` and
-`baseTimeNanoseconds` after it, but other writers (perfdiag's own TensorBoard export,
-hand-edited files) put them anywhere. The keys before the events cost one event's
+`baseTimeNanoseconds` after it, but other writers (perfdiag's exports before they wrote
+their header first, hand-edited files) put them anywhere. The keys before the events cost one event's
 decoding; keys after them are read from the file's tail (the last `TAIL_CHARS`
 characters: a plain file seeks there, a gzip is decompressed to its end, without
-decoding), and only when something is missing before the events.
+decoding), and only when something is missing before the events. A single gzipped
+file is not decompressed an extra time for it: the import reads the complete header as
+it goes, and reads the file again only if the tail changed its identity (a trailing
+`distributedInfo`, a perfdiag export: `late_identity`) — rare, since Kineto writes
+`distributedInfo` first and perfdiag's exports write their header first.
 
 `assign_ranks` then gives every file of a multi-file import its rank (an explicit
 `--rank` first, then `distributedInfo`, then the first free rank by position), refuses
@@ -46,6 +50,8 @@ class TraceIdentity:
     start_ns: int | None  # the first events' time, Unix ns (approximate: for warnings)
     header: dict = field(default_factory=dict)  # every top-level key but traceEvents found
     rank_source: str = "none"  # distributedInfo | --rank | position | none
+    first_ts: object = None  # the first events' smallest ts, as written
+    tail_read: bool = True  # False: keys after the events not looked at yet
 
 
 def _int(value) -> int | None:
@@ -129,10 +135,10 @@ def _first_start_us(events) -> object | None:
 
 
 def read_identity(path: Path, *, need_base: bool = False) -> TraceIdentity:
-    """The file's identity; `need_base`: also find `baseTimeNanoseconds` (several files
-    go onto one time base), reading the tail if it is not before the events."""
-    from .kineto_events import to_ns
-
+    """The file's identity from the keys before its events, and from its tail when one
+    it needs is missing there. `need_base`: also find `baseTimeNanoseconds` (several
+    files go onto one time base). A gzip that needs no base is not decompressed twice:
+    its tail is left for the import to find (`tail_read` False; see `late_identity`)."""
     stream = ChromeTraceStream(path)
     events = stream.events()
     try:
@@ -141,9 +147,28 @@ def read_identity(path: Path, *, need_base: bool = False) -> TraceIdentity:
         events.close()
     header = dict(stream.header)
     wanted = ("distributedInfo", "baseTimeNanoseconds") if need_base else ("distributedInfo",)
+    tail_read = True
     if any(k not in header for k in wanted) and is_object_document(path):
-        for key, value in tail_members(path).items():
-            header.setdefault(key, value)
+        if need_base or not _is_gzip(path):
+            for key, value in tail_members(path).items():
+                header.setdefault(key, value)
+        else:
+            tail_read = False
+    ident = identity_from_header(path, header, first_ts)
+    ident.tail_read = tail_read
+    return ident
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def identity_from_header(path: Path, header: dict, first_ts=None) -> TraceIdentity:
+    """The identity the top-level keys `header` give (`first_ts`: the first events'
+    smallest ts as written, for the start)."""
+    from .kineto_events import to_ns
+
     info = header.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
     props = header.get("deviceProperties")
@@ -168,9 +193,32 @@ def read_identity(path: Path, *, need_base: bool = False) -> TraceIdentity:
         device=device,
         base_time_ns=base if base is not None and base >= 0 else None,
         start_ns=start,
-        header=header,
+        header=dict(header),
         rank_source="distributedInfo" if rank is not None and rank >= 0 else "none",
+        first_ts=first_ts,
     )
+
+
+def is_perfdiag_export(header: dict) -> bool:
+    """perfdiag's Chrome and TensorBoard exports say so in `otherData`."""
+    other = header.get("otherData")
+    return isinstance(other, dict) and "perfdiag_version" in other and "run_id" in other
+
+
+def late_identity(ident: TraceIdentity, header: dict) -> TraceIdentity | None:
+    """After a file was read whose tail was not (`tail_read` False): the identity its
+    complete header gives, if that changes how the file is read — a rank found after
+    the events, or a perfdiag export — else None (then the import stands)."""
+    if ident.tail_read:
+        return None
+    full = identity_from_header(ident.path, {**header, **ident.header}, ident.first_ts)
+    rank_late = ident.rank_source == "none" and full.rank is not None
+    export_late = is_perfdiag_export(full.header) and not is_perfdiag_export(ident.header)
+    if not (rank_late or export_late):
+        return None
+    if ident.rank_source != "none":  # --rank (or position) still decides
+        full.rank, full.rank_source = ident.rank, ident.rank_source
+    return full
 
 
 def assign_ranks(ids: list[TraceIdentity], ranks: list[int] | None = None) -> list[str]:
