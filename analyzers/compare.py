@@ -170,20 +170,20 @@ class MetricDelta:
     significant: bool  # the interval excludes 0
     verdict: str  # better | worse | same | unknown
 
-    def texts(self) -> tuple[str, str, str, str]:
-        """A, B, the delta (with its relative change) and its interval as text, in the
+    def texts(self) -> tuple[str, str, str, str, str]:
+        """A, B, the delta, the relative change and the delta's interval as text, in the
         findings' number format, for every renderer (`perfdiag compare`, the TUI)."""
-        rel = "" if self.relative != self.relative else f" ({value_text(self.relative, '%', True)})"
-        if self.ci_low != self.ci_low:
-            interval = ""  # the verdict says "no interval"
-        else:
+        interval = ""  # none: the verdict says "no interval"
+        if self.ci_low == self.ci_low:
             interval = (
                 f"[{value_text(self.ci_low, '', True)}, {value_text(self.ci_high, '', True)}]"
             )
+        rel = "" if self.relative != self.relative else value_text(self.relative, "%", True)
         return (
             value_text(self.a),
             value_text(self.b),
-            value_text(self.delta, "", signed=True) + rel,
+            value_text(self.delta, "", signed=True),
+            rel,
             interval,
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from .app import out
+from .fit import fit
 
 
 def _ms(s) -> str:
@@ -109,7 +110,7 @@ def _metrics(m) -> None:
         str(d.count),
         *(_num(getattr(d, k)) for k in ("mean", "p50", "p90", "p95", "p99", "max")),
     )
-    out.print(t)
+    out.print(fit(t, out))
     tp = m.throughput
     t = Table("throughput", "value", title=f"over {tp.window_s:.3f} s")
     t.add_row("output tokens/s", _num(tp.output_tokens_per_s, 1))
@@ -130,7 +131,7 @@ def _metrics(m) -> None:
             f"{g.missed_failed} / {g.missed_ttft} / {g.missed_tpot} / {g.missed_itl} / "
             f"{g.missed_e2e}",
         )
-    out.print(t)
+    out.print(fit(t, out))
 
 
 _TTFT_ROWS = (
@@ -164,7 +165,7 @@ def _ttft(d) -> None:
         t.add_row(label, *(_ms(getattr(r, key)) for r in rows))
     t.add_row("[bold]TTFT[/]", *(f"[bold]{_ms(r.ttft_s)}[/]" for r in rows))
     t.add_row("[dim]requests[/]", *(f"[dim]{r.requests}[/]" for r in rows))
-    out.print(t)
+    out.print(fit(t, out))
 
 
 def _itl(a) -> None:
@@ -189,7 +190,7 @@ def _itl(a) -> None:
             _pct(tl / a.tail.gap_s if a.tail.gap_s else None),
             str(getattr(a.dominant, c)),
         )
-    out.print(t)
+    out.print(fit(t, out))
 
 
 def _host(h, inflation, probes) -> None:
@@ -208,7 +209,7 @@ def _host(h, inflation, probes) -> None:
         t.add_row("inflation by what the run recorded (ms)", reasons or "none")
     if not isinstance(probes, Missing) and probes.count:
         t.add_row("probe stalls", ", ".join(probes.names))
-    out.print(t)
+    out.print(fit(t, out))
 
 
 def _limits(lim) -> None:
@@ -219,7 +220,7 @@ def _limits(lim) -> None:
               f"{lim.source}; KV peak {_pct(lim.kv_peak_share)})")  # fmt: skip
     for k, v in lim.shares.items():
         t.add_row(k.replace("_", " "), _pct(v))
-    out.print(t)
+    out.print(fit(t, out))
 
 
 def _load(load) -> None:
@@ -264,7 +265,7 @@ def _load(load) -> None:
         "waiting queue slope", f"{_num(s.queue_slope_per_s)} req/s (mean {_num(s.mean_waiting)})"
     )
     t.add_row("saturated", _yes(s.saturated))
-    out.print(t)
+    out.print(fit(t, out))
 
 
 def _scheduler(c, cost, pre) -> None:
@@ -306,7 +307,7 @@ def _scheduler(c, cost, pre) -> None:
             f"{pre.recomputed_tokens} / {_ms(pre.recompute_cost_s)} ms",
         )
         t.add_row("  swapped tokens / waiting", f"{pre.swapped_tokens} / {_ms(pre.waiting_s)} ms")
-    out.print(t)
+    out.print(fit(t, out))
 
 
 def _cache(c, fair) -> None:
@@ -324,7 +325,7 @@ def _cache(c, fair) -> None:
     )
     for tier in c.tiers:
         t.add_row(tier.tier, str(tier.hit_tokens), str(tier.events), _ms(tier.saved_s))
-    out.print(t)
+    out.print(fit(t, out))
     if isinstance(fair, Missing) or not fair.classes:
         return
     t = Table(
@@ -339,7 +340,7 @@ def _cache(c, fair) -> None:
     for k in fair.classes:
         q = k.queue_wait_s
         t.add_row(k.hotness, str(k.groups), str(k.requests), _ms(q.p50), _ms(q.p99), _ms(q.max))
-    out.print(t)
+    out.print(fit(t, out))
     t = Table("request", "group", "class", "queue (ms)", "TTFT (ms)", title="longest queue waits")
     for _, row in fair.longest.head(5).iterrows():
         group = "–" if pd.isna(row["prefix_group"]) else str(row["prefix_group"])
@@ -350,4 +351,4 @@ def _cache(c, fair) -> None:
             _ms(row["queue_wait_s"]),
             _ms(row["ttft_s"]),
         )
-    out.print(t)
+    out.print(fit(t, out))

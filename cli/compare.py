@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .app import app, out
 from .findings_view import severity
+from .fit import fit
 
 VERDICT_STYLE = {"better": "green", "worse": "red", "same": "dim", "unknown": "dim"}
 
@@ -59,7 +60,7 @@ def _variables(diff, deltas) -> None:
         style = "" if ch.kind != "measurement" else "dim"
         t.add_row(escape(ch.name), escape(ch.a), escape(ch.b), ch.kind, style=style)
     if diff.changes:
-        out.print(t)
+        out.print(fit(t, out))
     if len(main) > 1:
         names = ", ".join(ch.name for ch in main)
         out.print(
@@ -98,23 +99,25 @@ def _deltas(deltas) -> None:
         "A",
         "B",
         "Δ (B − A)",
+        "Δ %",
         "95% interval of Δ",
-        "",
+        "verdict",
         title="end-to-end metrics",
         title_justify="left",
     )
     for d in deltas:
-        a, b, delta, interval = d.texts()
+        a, b, delta, rel, interval = d.texts()
         verdict = d.verdict if d.verdict != "unknown" else "no interval"
         t.add_row(
             f"{d.label} ({d.unit})",
             a,
             b,
             delta,
+            rel,
             interval,
             f"[{VERDICT_STYLE[d.verdict]}]{verdict}[/]",
         )
-    out.print(t)
+    out.print(fit(t, out, keep=["verdict"], drop=["Δ %"]))
 
 
 def _correctness(c) -> None:
@@ -150,7 +153,7 @@ def _finding_changes(c) -> None:
         )
         for f in c.findings:
             t.add_row(f.check, f.severity_a or "–", f.severity_b or "–", f.status, escape(f.title))
-        out.print(t)
+        out.print(fit(t, out))
     else:
         out.print("findings: the same in both runs")
     for f in c.triage.findings:

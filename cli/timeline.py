@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from .app import app, out
+from .fit import fit
 from .json_output import json_text, print_json
 
 
@@ -84,7 +85,7 @@ def timeline(
         t.add_row(
             "all", f"{len(b)} windows", _ms(b["wall_ns"].sum()), *[_ms(b[p].sum()) for p in parts]
         )
-    out.print(t)
+    out.print(fit(t, out))
     r = rep.resources
     t = Table(
         "rank", "resource", "kind", "busy ms", "idle ms", "busy %", "spans", title="resources"
@@ -99,7 +100,7 @@ def timeline(
             f"{row['busy_pct']:.1f}",
             f"{row['spans']:,}",
         )
-    out.print(t)
+    out.print(fit(t, out))
     o = rep.overlap
     if len(o):
         t = Table(
@@ -124,7 +125,7 @@ def timeline(
                 "exposed_comm_ns",
             ]
             t.add_row(_rank(rank), *[_ms(g[c].sum()) for c in cols])
-        out.print(t)
+        out.print(fit(t, out))
     gs = rep.gap_summary
     if len(gs):
         t = Table(
@@ -147,7 +148,7 @@ def timeline(
                 _us(row["p99_ns"]),
                 _us(row["max_ns"]),
             )
-        out.print(t)
+        out.print(fit(t, out))
     ls = rep.launch_stats
     if len(ls):
         t = Table(
@@ -168,7 +169,7 @@ def timeline(
                 _us(row["queue_p99_ns"]),
                 _us(row["queue_max_ns"]),
             )
-        out.print(t)
+        out.print(fit(t, out))
     for title, frame, key in (
         ("kernel classes", rep.kernel_classes, "kernel_class"),
         (f"top {top} kernels", rep.kernels.head(top), "name"),
@@ -188,7 +189,7 @@ def timeline(
                 _us(row["p99_ns"]),
                 f"{row['share_pct']:.1f}",
             )
-        out.print(t)
+        out.print(fit(t, out))
 
     _print_roofline(roof)
 
@@ -242,6 +243,6 @@ def _print_roofline(roof) -> None:
                 f"{row['pct_of_roof']:,.1f}",
                 row["bound"],
             )
-        out.print(t)
+        out.print(fit(t, out))
         counts = frame["bound"].value_counts().to_dict()
         out.print("bound classes: " + ", ".join(f"{k} {v}" for k, v in counts.items()))

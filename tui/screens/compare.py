@@ -103,7 +103,8 @@ def deltas(ds) -> Table | Text:
     t = Table("end-to-end (step 7)", "A", "B", "Δ B−A", "95% interval", "", box=None,
               header_style="bold dim", padding=(0, 1))  # fmt: skip
     for d in ds:
-        a, b, delta, ci = d.texts()
+        a, b, delta, rel, ci = d.texts()
+        delta += f" ({rel})" if rel else ""
         verdict = d.verdict if d.verdict != "unknown" else "no interval"
         t.add_row(
             f"{d.label} ({d.unit})", a, b, delta, ci, Text(verdict, style=VERDICT_STYLE[d.verdict])
