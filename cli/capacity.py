@@ -10,7 +10,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..errors import ConfigError
 from .app import app, out
+from .many_runs import ApiKey, Quiet, Target, set_flags
 from .signals import sigterm_as_interrupt
 
 
@@ -24,22 +26,17 @@ def capacity(
         float, typer.Option(help="Confidence of each level's meets/misses decision.")
     ] = 0.9,
     by: Annotated[str, typer.Option(help="Search the request rate or the concurrency.")] = "rate",
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="A `perfdiag run` flag every level shares, e.g. preset=tiny, max-seqs=16.",
-            show_default=False,
-        ),
-    ] = None,
+    set_: set_flags("level", "preset=tiny, max-seqs=16") = None,
     start: Annotated[
         float | None,
         typer.Option(
-            help="First upper level [the closed-loop saturation throughput].", show_default=False
+            help="First upper level (default: the closed-loop saturation throughput).",
+            show_default=False,
         ),
     ] = None,
     floor: Annotated[
-        float | None, typer.Option(help="First lower level [start / 4].", show_default=False)
+        float | None,
+        typer.Option(help="First lower level (default: start / 4).", show_default=False),
     ] = None,
     duration: Annotated[
         float, typer.Option(help="Seconds of arrivals per rate level (rate × duration requests).")
@@ -49,41 +46,47 @@ def capacity(
     ] = 0.1,
     min_repeats: Annotated[int, typer.Option(help="Repeats at every level.")] = 2,
     max_repeats: Annotated[int, typer.Option(help="Repeats near the boundary, at most.")] = 4,
-    target: Annotated[
-        str | None,
-        typer.Option(
-            help="Drive this OpenAI-compatible server instead of engine_ref.", show_default=False
-        ),
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(envvar="PERFDIAG_API_KEY", help="The target's key.", show_default=False),
-    ] = None,
+    target: Target = None,
+    api_key: ApiKey = None,
     out_dir: Annotated[
         Path | None,
         typer.Option(
             "--out",
             "-o",
-            help="Directory for the runs and capacity.json [capacity/<time>].",
+            help="Directory for the runs and capacity.json (default: capacity/TIME).",
             show_default=False,
         ),
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False,
+    vary: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FLAG=VALUES",
+            help="One capacity per value of a `perfdiag run` flag, e.g. chunk-size=64,256,off "
+            "or max-seqs=8,32: which configuration serves the most under the SLO.",
+            show_default=False,
+        ),
+    ] = None,
+    quiet: Quiet = False,
 ) -> None:
     """Find the highest load that meets an SLO, and what limits it there."""
     from ..analyzers.slo import parse_slo
     from ..sweeps.capacity import SearchSettings
-    from ..sweeps.capacity_runs import CapacityPlan, run_capacity
-    from ..sweeps.spec import parse_assignment
+    from ..sweeps.capacity_runs import CapacityPlan
+    from ..sweeps.spec import parse_assignment, show, with_flag
 
-    plan = CapacityPlan(
-        base=dict(parse_assignment(s, many=False) for s in set_ or []),
-        slo=parse_slo(slo),
-        by=by,
-        duration_s=duration,
-        target=target,
-        api_key=api_key,
-    )
+    base = dict(parse_assignment(s, many=False) for s in set_ or [])
+    configs: list[tuple[str, dict]] = [("", base)]
+    if vary is not None:
+        flag, values = parse_assignment(vary, many=True)
+        if flag in base:
+            raise ConfigError(f"{flag.replace('_', '-')} is both set and varied")
+        label = flag.replace("_", "-")
+        configs = [(f"{label}={show(v)}", with_flag(base, flag, v)) for v in values]
+    plans = []
+    for name, flags in configs:
+        plan = CapacityPlan(flags, parse_slo(slo), by, duration, target=target, api_key=api_key)
+        plan.check()  # every configuration, before the first search starts
+        plans.append((name, plan))
     settings = SearchSettings(attainment, confidence, tolerance, min_repeats, max_repeats,
                               integer=by == "concurrency")  # fmt: skip
     out_dir = out_dir or Path("capacity") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -91,6 +94,22 @@ def capacity(
     out.print(f"perfdiag capacity: {slo} for {attainment:.0%} of requests "
               f"({confidence:.0%} confidence), by {by}, on {target or 'engine_ref'}, "
               f"into {out_dir}", highlight=False)  # fmt: skip
+    found = []
+    for name, plan in plans:
+        where = out_dir / name if name else out_dir
+        if name:
+            out.print(f"[bold]{name}[/]", highlight=False)
+        result, sat = _search(plan, settings, where, start, floor, quiet, by, unit)
+        print_capacity(result, sat, by, unit, where)
+        found.append((name, result))
+    if len(found) > 1:
+        print_configs(found, by, unit, out_dir)
+
+
+def _search(plan, settings, out_dir: Path, start, floor, quiet: bool, by: str, unit: str):
+    from ..sweeps.capacity_runs import run_capacity
+
+    confidence = settings.confidence
 
     def on_level(level) -> None:
         lo, hi = level.bounds(confidence)
@@ -105,19 +124,47 @@ def capacity(
 
     with sigterm_as_interrupt() as term:
         try:
-            result, sat = run_capacity(plan, settings, out_dir, start, floor, on_run, on_level)
+            return run_capacity(plan, settings, out_dir, start, floor, on_run, on_level)
         except KeyboardInterrupt:
             how = "terminated" if term.received else "interrupted"
             out.print(f"[yellow]{how}[/]: the runs so far are kept in {out_dir}/runs")
             raise typer.Exit(143 if term.received else 130) from None
-    print_capacity(result, sat, by, unit, out_dir)
+
+
+def print_configs(found, by: str, unit: str, out_dir: Path) -> None:
+    """Capacity per configuration, the best first, and capacities.json."""
+    import json
+
+    def value(r) -> float:
+        return r.capacity.x if r.capacity is not None else 0.0
+
+    t = Table(title=f"capacity by configuration ({unit})", title_justify="left")
+    for name in ("configuration", "capacity", "misses at", "limit where it breaks"):
+        t.add_column(name, justify="right" if name in ("capacity", "misses at") else "left")
+    rows = []
+    for name, r in sorted(found, key=lambda nr: -value(nr[1])):
+        cap = f"{r.capacity.x:g}" if r.capacity else "none"
+        if r.verdict == "above-ceiling":
+            cap = f"≥ {cap}"
+        above = f"{r.above.x:g}" if r.above else "–"
+        limit = r.above.causes(r.settings.attainment)[0][0] if r.above and r.above.samples else "–"
+        t.add_row(name, cap, above, limit)
+        rows.append({"configuration": name, "verdict": r.verdict, "capacity": value(r) or None,
+                     "above": r.above.x if r.above else None, "limit": limit})  # fmt: skip
+    out.print(t)
+    (out_dir / "capacities.json").write_text(json.dumps({"by": by, "configurations": rows},
+                                                        indent=2) + "\n")  # fmt: skip
 
 
 def print_capacity(result, sat, by: str, unit: str, out_dir: Path) -> None:
     conf = result.settings.confidence
     t = Table(title="levels tried", title_justify="left")
     for name in (by, "decision", "attainment", f"{conf:.0%} bounds", "repeats", "top cause"):
-        t.add_column(name, justify="right" if name not in ("decision", "top cause") else "left")
+        t.add_column(
+            name,
+            justify="right" if name not in ("decision", "top cause") else "left",
+            overflow="fold",
+        )  # a check id wraps; it is never cut
     for level in sorted(result.levels, key=lambda v: v.x):
         lo, hi = level.bounds(conf)
         cause = level.causes()[0] if level.samples else ("", "", 0)
@@ -132,7 +179,8 @@ def print_capacity(result, sat, by: str, unit: str, out_dir: Path) -> None:
     cap, above = result.capacity, result.above
     if result.verdict == "below-floor":
         out.print(f"[red]no level meets the SLO[/]: even {by} {above.x:g} {unit} misses it "
-                  f"({above.attainment:.1%} < {target}); limit: {_cause(above)}")  # fmt: skip
+                  f"({above.attainment:.1%} < {target}); limit: "
+                  f"{_cause(above, result.settings.attainment)}")  # fmt: skip
     elif result.verdict == "above-ceiling":
         out.print(f"capacity: at least {cap.x:g} {unit} (the search's ceiling still meets "
                   f"the SLO); give a higher --start to look further", highlight=False)  # fmt: skip
@@ -142,10 +190,11 @@ def print_capacity(result, sat, by: str, unit: str, out_dir: Path) -> None:
                   f"{cap.attainment:.1%} of requests (≥ {target} at {conf:.0%} confidence, "
                   f"{len(cap.samples)} repeats); {above.x:g} {unit} (+{step:.0f}%) misses "
                   f"({above.attainment:.1%})", highlight=False)  # fmt: skip
-        out.print(f"limiting cause at capacity (the runs at {above.x:g} {unit}): "
-                  f"{_cause(above)}", highlight=False)  # fmt: skip
+        out.print(f"limiting cause at capacity (the runs at {above.x:g} {unit} that fell "
+                  f"short): {_cause(above, result.settings.attainment)}",
+                  highlight=False)  # fmt: skip
         for sample in above.samples:
-            if sample.misses:
+            if sample.misses and sample.attainment < result.settings.attainment:
                 out.print(f"  {Path(sample.run).name}: {sample.misses}", highlight=False)
     qualified = [v for v in result.levels if any(x.qualifier for x in v.samples)]
     if qualified:
@@ -159,8 +208,9 @@ def print_capacity(result, sat, by: str, unit: str, out_dir: Path) -> None:
     out.print(f"written: {out_dir}/capacity.json, runs in {out_dir}/runs", highlight=False)
 
 
-def _cause(level) -> str:
-    check, title, n = level.causes()[0]
+def _cause(level, short_of: float) -> str:
+    check, title, n = level.causes(short_of)[0]
+    short = [s for s in level.samples if s.attainment < short_of] or level.samples
     if check == "none":
-        return f"no finding names one ({n}/{len(level.samples)} repeats)"
-    return f"{check} — {title} ({n}/{len(level.samples)} repeats)"
+        return f"no finding names one ({n}/{len(short)} repeats; see what the misses were made of)"
+    return f"{check} — {title} ({n}/{len(short)} repeats)"

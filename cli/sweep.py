@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..errors import ConfigError
 from .app import app, out
+from .many_runs import ApiKey, Quiet, Target, set_flags
 from .signals import sigterm_as_interrupt
 
 
@@ -30,19 +31,13 @@ def sweep(
         list[str] | None,
         typer.Option(
             "--vary",
+            metavar="FLAG=VALUES",
             help="An axis: a `perfdiag run` flag and its values, e.g. chunk-size=64,128,256, "
             "rate=1:16:x2 (doubling) or max-seqs=8:64:+8. Several: their grid.",
             show_default=False,
         ),
     ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="A `perfdiag run` flag every point shares, e.g. preset=tiny, requests=60.",
-            show_default=False,
-        ),
-    ] = None,
+    set_: set_flags("point", "preset=tiny, requests=60") = None,
     repeats: Annotated[int, typer.Option(help="Runs per point (intervals need 2+).")] = 1,
     slo: Annotated[
         str | None,
@@ -54,31 +49,23 @@ def sweep(
         str | None,
         typer.Option(
             help="The curve whose knee to name, e.g. ttft_p99_ms, itl_p99_ms, "
-            "attainment [chosen from the axis].",
+            "attainment (default: chosen from the axis).",
             show_default=False,
         ),
     ] = None,
-    target: Annotated[
-        str | None,
-        typer.Option(
-            help="Drive this OpenAI-compatible server instead of engine_ref.", show_default=False
-        ),
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(envvar="PERFDIAG_API_KEY", help="The target's key.", show_default=False),
-    ] = None,
+    target: Target = None,
+    api_key: ApiKey = None,
     out_dir: Annotated[
         Path | None,
         typer.Option(
             "--out",
             "-o",
-            help="Sweep directory [sweeps/<time>]; an existing one "
+            help="Sweep directory (default: sweeps/TIME); an existing one "
             "with the same sweep continues it.",
             show_default=False,
         ),
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Sweep engine knobs and load: every point a run; the knee and why the curve bends."""
     from ..sweeps import spec as spec_mod
@@ -106,12 +93,17 @@ def _check_metric(name: str) -> None:
 
 
 def _run(spec, out_dir: Path, quiet: bool, knee_metric: str | None):
-    from ..sweeps.runner import SweepInterrupted, run_sweep
+    from ..sweeps.runner import SweepInterrupted, arrival_seconds, run_sweep, validate
 
-    n = len(spec.points())
+    plans = validate(spec)
+    n = len(plans)
     where = spec.target or "engine_ref"
     out.print(f"perfdiag sweep: {n} points × {spec.repeats} repeat(s) on {where}, "
               f"into {out_dir}", highlight=False)  # fmt: skip
+    arrivals = arrival_seconds(plans)
+    if arrivals is not None:
+        out.print(f"the arrival schedules alone take {_duration(arrivals * spec.repeats)}",
+                  highlight=False)  # fmt: skip
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -132,7 +124,7 @@ def _run(spec, out_dir: Path, quiet: bool, knee_metric: str | None):
 
     with sigterm_as_interrupt() as term, bar:
         try:
-            result = run_sweep(spec, out_dir, on_progress=show, knee_metric=knee_metric)
+            result = run_sweep(spec, out_dir, show, knee_metric, plans)
         except SweepInterrupted as e:
             bar.stop()
             how = "terminated" if term.received else "interrupted"

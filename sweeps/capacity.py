@@ -75,10 +75,14 @@ class Level:
         hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
         return lo, hi
 
-    def causes(self) -> list[tuple[str, str, int]]:
-        """(check, title, repeats) by how many repeats name it, most first."""
+    def causes(self, short_of: float | None = None) -> list[tuple[str, str, int]]:
+        """(check, title, repeats) by how many repeats name it, most first; with
+        `short_of`, only the repeats whose attainment fell below it (when any did)."""
+        samples = self.samples
+        if short_of is not None:
+            samples = [s for s in samples if s.attainment < short_of] or samples
         counts: dict[str, list] = {}
-        for s in self.samples:
+        for s in samples:
             entry = counts.setdefault(s.cause or "none", [s.cause_title, 0])
             entry[1] += 1
         return sorted(((c, t, n) for c, (t, n) in counts.items()), key=lambda e: -e[2])

@@ -31,6 +31,9 @@ from .measure import analyse, record, triage_point
 MIN_REQUESTS = 24
 REQUESTS_PER_CLIENT = 8
 TARGET_PROBE_CONCURRENCY = 16
+# The playbook's check that the SLO was met restates what the search measures (the
+# symptom); the limit is the cause beside it, or else what the misses were made of.
+SLO_CHECK = "slo-missed"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,14 @@ class CapacityPlan:
         flags["seed"] = int(self.base.get("seed") or 0) + repeat
         return self.aimed(flags)
 
+    def check(self) -> None:
+        """Build a level's run options now, so a bad flag fails before any run."""
+        from ..cli.run import build_options
+
+        options, http = build_options(self.flags(1.0, 0))
+        if http is None:
+            options.engine.engine_config()
+
     def aimed(self, flags: dict[str, Any]) -> dict[str, Any]:
         """The flags with the HTTP target, when there is one."""
         if self.target:
@@ -87,7 +98,8 @@ def sample_of(m) -> Sample:
     from ..analyzers.slo_misses import slo_misses
 
     g = metrics.goodput
-    cause = m.triage.causes[0] if m.triage and m.triage.causes else None
+    causes = [f for f in (m.triage.causes if m.triage else ()) if f.check != SLO_CHECK]
+    cause = causes[0] if causes else None
     qualifier = next((f.check for f in m.triage.qualifiers if f.severity != "info"), "")
     host = next((f.check for f in m.triage.causes if f.check.startswith("host")), "")
     misses = slo_misses(m.serving, g.slo)
@@ -133,9 +145,7 @@ def run_capacity(
 ) -> tuple[CapacityResult, Saturation | None]:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ConfigError(f"{out_dir}: already exists and is not an empty directory")
-    from ..cli.run import build_options
-
-    build_options(plan.flags(start or 1.0, 0))  # a bad --set fails before any run
+    plan.check()
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
 
     def progress(label: str):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .table import LABELS, LATENCY, separated
+from .table import LABELS, separated
 
 KNOB_METRICS = ("ttft_p99_ms", "ttft_p50_ms", "itl_p99_ms", "tpot_p50_ms", "e2e_p50_s")
 
@@ -33,7 +33,8 @@ class Knee:
 
 def knee_metric(table: pd.DataFrame, is_load: bool, has_slo: bool) -> str:
     if is_load:
-        if has_slo and table.get("attainment") is not None and table["attainment"].notna().any():
+        # attainment when the SLO breaks somewhere in the sweep; else queueing's first sign
+        if has_slo and "attainment" in table and _moves(table, "attainment"):
             return "attainment"
         return "ttft_p99_ms"
     best, best_move = "ttft_p99_ms", -1.0
@@ -41,8 +42,7 @@ def knee_metric(table: pd.DataFrame, is_load: bool, has_slo: bool) -> str:
         v = table[column].to_numpy("float64") if column in table else np.zeros(0)
         if len(v) < 2 or not np.isfinite(v).all() or v.min() <= 0:
             continue
-        lo, hi = int(np.argmin(v)), int(np.argmax(v))
-        if not separated(table.iloc[lo], table.iloc[hi], column):
+        if not _moves(table, column):
             continue
         move = v.max() / v.min()
         if move > best_move:
@@ -75,12 +75,26 @@ def knee_of(series: pd.DataFrame, axis: str, metric: str) -> Knee | None:
     if metric not in series or len(series) < 3:
         return None
     first, last = series.iloc[0], series.iloc[-1]
-    if metric in {c for c, *_ in LATENCY} and not separated(first, last, metric):
+    if _has_interval(series, metric) and not separated(first, last, metric):
         return None  # the ends agree within noise: no bend to name
     found = find_knee(_numeric(series[axis]), series[metric].to_numpy("float64"))
     if found is None:
         return None
     return Knee(metric, found[0], found[1])
+
+
+def _has_interval(table: pd.DataFrame, metric: str) -> bool:
+    lo, hi = f"{metric}_lo", f"{metric}_hi"
+    return lo in table and hi in table and bool(table[[lo, hi]].notna().all().all())
+
+
+def _moves(table: pd.DataFrame, metric: str) -> bool:
+    """Whether the lowest and highest points of `metric` differ beyond their intervals."""
+    v = table[metric].to_numpy("float64")
+    if len(v) < 2 or not np.isfinite(v).any():
+        return False
+    lo, hi = int(np.nanargmin(v)), int(np.nanargmax(v))
+    return separated(table.iloc[lo], table.iloc[hi], metric)
 
 
 def _numeric(values: pd.Series) -> np.ndarray:

@@ -8,7 +8,6 @@ noise), so a point that does not reproduce says so.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +106,7 @@ def row(m: Measured) -> dict[str, Any]:
     out["steady"] = metrics.window.steady
     g = metrics.goodput
     out["attainment"] = g.attainment if g is not None else NAN
+    out["judged"], out["good"] = (g.judged, g.good) if g is not None else (0, 0)
     out["goodput_req_s"] = g.requests_per_s if g is not None else NAN
     if m.triage is not None:
         cause = m.triage.causes[0] if m.triage.causes else None
@@ -152,7 +152,3 @@ def _p99(values: pd.Series) -> float:
     v = values.to_numpy("float64")
     v = v[np.isfinite(v)]
     return float(np.percentile(v, 99)) if len(v) else NAN
-
-
-def is_nan(x) -> bool:
-    return isinstance(x, float) and math.isnan(x)

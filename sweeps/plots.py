@@ -2,7 +2,8 @@
 
 - `latency.png`: TTFT, ITL, TPOT and E2E p50/p99 against the swept variable, with their
   95 % intervals; the knee marked;
-- `throughput.png`: output tokens/s and requests/s (and goodput with an SLO) against it;
+- `throughput.png`: output tokens/s, requests/s and goodput against it (each repeat a
+  dot, the line their mean), and with an SLO its attainment with 95 % intervals;
 - `latency_throughput.png`: p99 TTFT and p50 TPOT against the throughput achieved, each
   point labelled with its value of the swept variable — the curve capacity planning reads.
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .knee import _numeric, label
+from .knee import label
 from .spec import SweepSpec, show
 from .summary import SeriesSummary
 
@@ -29,7 +30,7 @@ LATENCY_PANELS = (
 
 
 def draw_all(spec: SweepSpec, table: pd.DataFrame, summaries: list[SeriesSummary],
-             out_dir: Path) -> list[str]:  # fmt: skip
+             out_dir: Path, runs: pd.DataFrame | None = None) -> list[str]:  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,7 +46,7 @@ def draw_all(spec: SweepSpec, table: pd.DataFrame, summaries: list[SeriesSummary
         ("throughput.png", _throughput),
         ("latency_throughput.png", _latency_throughput),
     ):
-        fig = draw(spec, table, summaries, plt)
+        fig = draw(spec, table, summaries, plt, runs)
         fig.savefig(out_dir / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
         names.append(name)
@@ -66,17 +67,25 @@ def _series(spec: SweepSpec, table: pd.DataFrame):
 
 
 def _x(spec: SweepSpec, s: pd.DataFrame) -> np.ndarray:
-    return _numeric(s[spec.axes[0].flag])
+    """Positions on the x axis: the values, or for a categorical axis (a policy, a chunk
+    size of `off`) the order of the sweep's values."""
+    values = s[spec.axes[0].flag]
+    numeric = pd.to_numeric(values, errors="coerce").to_numpy("float64")
+    if np.isfinite(numeric).all():
+        return numeric
+    order = {show(v): i for i, v in enumerate(spec.axes[0].values)}
+    return values.map(show).map(order).to_numpy("float64")
 
 
 def _axis_ticks(ax, spec: SweepSpec, table: pd.DataFrame) -> None:
     flag = spec.axes[0].flag
-    values = table[flag].drop_duplicates()
-    ax.set_xticks(_numeric(values), [show(v) for v in values])
+    values = table[[flag]].drop_duplicates()
+    ax.set_xticks(_x(spec, values), [show(v) for v in values[flag]])
     ax.set_xlabel(spec.axes[0].label)
 
 
 def _mark_knees(ax, spec: SweepSpec, table: pd.DataFrame, summaries, metric_columns) -> None:
+    metric_columns = set(metric_columns)
     for s in summaries:
         if s.knee is None or s.metric not in metric_columns:
             continue
@@ -97,7 +106,7 @@ def _errorbar(ax, x, s: pd.DataFrame, column: str, **kw) -> None:
     ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=2, **kw)
 
 
-def _latency(spec, table, summaries, plt):
+def _latency(spec, table, summaries, plt, runs=None):
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
     for ax, (title, p50, p99, unit) in zip(axes.flat, LATENCY_PANELS, strict=True):
         for name, s in _series(spec, table):
@@ -115,33 +124,51 @@ def _latency(spec, table, summaries, plt):
     return fig
 
 
-def _throughput(spec, table, summaries, plt):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    right = ax.twinx()
-    for name, s in _series(spec, table):
-        suffix = f" {name}" if name else ""
-        _errorbar(ax, _x(spec, s), s, "output_tok_s", label=f"output tokens/s{suffix}")
-        _errorbar(right, _x(spec, s), s, "req_s", label=f"requests/s{suffix}", ls="--")
-        if spec.slo and s["goodput_req_s"].notna().any():
-            _errorbar(right, _x(spec, s), s, "goodput_req_s", label=f"goodput req/s{suffix}",
-                      ls=":")  # fmt: skip
-        if spec.axes[0].flag == "rate":
-            right.plot(_x(spec, s), _x(spec, s), color="grey", lw=0.8, label="offered rate")
-    _mark_knees(ax, spec, table, summaries, ("attainment", "ttft_p99_ms", "ttft_p50_ms",
-                                             "itl_p99_ms", "tpot_p50_ms", "e2e_p50_s"))  # fmt: skip
-    ax.set_ylabel("output tokens/s")
-    right.set_ylabel("requests/s")
-    _axis_ticks(ax, spec, table)
-    ax.grid(alpha=0.3)
-    lines = ax.get_legend_handles_labels()
-    more = right.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
-    ax.set_title("Throughput")
+def _throughput(spec, table, summaries, plt, runs=None):
+    panels = [("output_tok_s", "output tokens/s"), ("req_s", "requests/s")]
+    if spec.slo:
+        panels.append(("attainment", "SLO attainment"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (column, title) in zip(axes[0], panels, strict=True):
+        for name, s in _series(spec, table):
+            suffix = f" {name}" if name else ""
+            x = _x(spec, s)
+            if column == "attainment":  # pooled requests: a binomial interval
+                _errorbar(ax, x, s, column, label=f"attainment{suffix}")
+                continue
+            ax.plot(x, s[column].to_numpy("float64"), marker="o", ms=3, label=f"mean{suffix}")
+            _repeat_dots(ax, spec, s, runs, column)
+            if column == "req_s" and spec.slo and s["goodput_req_s"].notna().any():
+                ax.plot(x, s["goodput_req_s"].to_numpy("float64"), marker="o", ms=3, ls=":",
+                        label=f"goodput{suffix}")  # fmt: skip
+                _repeat_dots(ax, spec, s, runs, "goodput_req_s")
+            if column == "req_s" and spec.axes[0].flag == "rate":
+                ax.plot(x, x, color="grey", lw=0.8, label="offered rate")
+        _mark_knees(ax, spec, table, summaries, (s.metric for s in summaries))
+        ax.set_title(title)
+        ax.set_ylim(bottom=0)
+        _axis_ticks(ax, spec, table)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Throughput (dots: each repeat) and SLO attainment (95 % intervals)"
+                 if spec.slo else "Throughput (dots: each repeat)")  # fmt: skip
     fig.tight_layout()
     return fig
 
 
-def _latency_throughput(spec, table, summaries, plt):
+def _repeat_dots(ax, spec: SweepSpec, series: pd.DataFrame, runs, column: str) -> None:
+    if runs is None or column not in runs:
+        return
+    flags = [a.flag for a in spec.axes]
+    keys = series[flags].map(show).agg(tuple, axis=1)
+    mine = runs[runs[flags].map(show).agg(tuple, axis=1).isin(set(keys))]
+    axis = spec.axes[0].flag
+    where = dict(zip(series[axis].map(show), _x(spec, series), strict=True))
+    x = mine[axis].map(show).map(where).to_numpy("float64")
+    ax.scatter(x, mine[column].to_numpy("float64"), s=8, color="black", alpha=0.4, zorder=3)
+
+
+def _latency_throughput(spec, table, summaries, plt, runs=None):
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, column in zip(axes, ("ttft_p99_ms", "tpot_p50_ms"), strict=True):
         for name, s in _series(spec, table):

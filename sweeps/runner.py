@@ -88,6 +88,18 @@ def validate(spec: SweepSpec) -> list[tuple[Point, Any, Any]]:
     return out
 
 
+def arrival_seconds(plans) -> float | None:
+    """A lower bound on the sweep's duration: the open-loop points' arrival schedules
+    (requests / rate each); None when a point is a closed loop (its pace is the engine's)."""
+    total = 0.0
+    for _, options, _ in plans:
+        a = options.workload.arrival
+        if a.mode != "open" or not a.rate:
+            return None
+        total += options.workload.requests / a.rate
+    return total
+
+
 def open_directory(spec: SweepSpec, out_dir: Path) -> bool:
     """Create the sweep directory, or check it holds this sweep. True when resuming."""
     spec_path = out_dir / SPEC_FILE
@@ -117,8 +129,10 @@ def run_sweep(
     out_dir: Path,
     on_progress: Callable[[SweepProgress], None] | None = None,
     knee_metric: str | None = None,
+    plans: list | None = None,
 ) -> SweepResult:
-    plans = validate(spec)
+    """`plans`: validate(spec)'s result, when the caller already built it."""
+    plans = plans if plans is not None else validate(spec)
     open_directory(spec, out_dir)
     slo = parse_slo(spec.slo) if spec.slo else None
     progress = SweepProgress(total_runs=len(plans) * spec.repeats)
@@ -179,7 +193,7 @@ def write_tables(
         from .plots import draw_all
 
         summaries = summary_mod.summarise(spec, table, knee_metric)
-        figures = draw_all(spec, table, summaries, results)
+        figures = draw_all(spec, table, summaries, results, runs)
         _write_text(results / "summary.md",
                     summary_mod.markdown(spec, table, summaries, figures) + "\n")  # fmt: skip
         data = {"spec": spec.to_dict(), "points": len(table),

@@ -102,10 +102,7 @@ class SweepSpec:
         """The `perfdiag run` flags of one point."""
         flags = dict(self.base)
         for k, v in point.values:
-            if k == "chunk_size" and v is None:
-                flags["no_chunked_prefill"] = True
-            else:
-                flags[k] = v
+            flags = with_flag(flags, k, v)
         if self.target:
             flags["target"], flags["api_key"] = self.target, self.api_key
         return flags
@@ -118,6 +115,13 @@ class SweepSpec:
             "slo": self.slo,
             "target": self.target,
         }
+
+
+def with_flag(flags: dict[str, Any], flag: str, value: Any) -> dict[str, Any]:
+    """`flags` with one more run flag set (a chunk size of `off`: chunked prefill off)."""
+    if flag == "chunk_size" and value is None:
+        return {**flags, "no_chunked_prefill": True}
+    return {**flags, flag: value}
 
 
 def show(value: Any) -> str:

@@ -82,6 +82,7 @@ def _series(series: pd.DataFrame, axis: str, name: str, metric: str) -> SeriesSu
         text = (f"{label(metric)}{where}: no knee over {flag} "
                 f"{show(series[axis].iloc[0])}…{show(series[axis].iloc[-1])}: "
                 + _flat_or_few(series, metric))  # fmt: skip
+        text += _moves_text(series, axis, moves)
         return SeriesSummary(name, axis, metric, None, "", None, None, None, moves, text)
     i = knee.index
     before = _side(series, axis, i - 1) if i > 0 else None
@@ -89,6 +90,7 @@ def _series(series: pd.DataFrame, axis: str, name: str, metric: str) -> SeriesSu
     after = _side(series, axis, i + 1) if i + 1 < len(series) else None
     value = show(series[axis].iloc[i])
     text = _knee_text(series, axis, knee, where, value, before, at, after)
+    text += _moves_text(series, axis, moves)
     return SeriesSummary(name, axis, metric, value, knee.shape, before, at, after, moves, text)
 
 
@@ -103,6 +105,19 @@ def _knee_text(series, axis, knee: Knee, where, value, before, at, after) -> str
         if side is not None:
             parts.append(f"{word} it ({side.point}): {_cause_text(side)}.")
     return " ".join(parts)
+
+
+def _moves_text(series: pd.DataFrame, axis: str, moves: tuple[Move, ...]) -> str:
+    """The trade-off end to end: what moved beyond noise, and what did not."""
+    flag = axis.replace("_", "-")
+    real = [m for m in moves if m.real]
+    still = [label(m.metric) for m in moves if not m.real]
+    ends = f"{flag}={show(series[axis].iloc[0])} to {show(series[axis].iloc[-1])}"
+    parts = [f"{label(m.metric)} {_fmt(m.first)} → {_fmt(m.last)}" for m in real]
+    text = f" From {ends}: " + ("; ".join(parts) if parts else "nothing moved beyond noise")
+    if parts and still:
+        text += f"; within noise: {', '.join(still)}"
+    return text + "."
 
 
 def _cause_text(side: Side) -> str:

@@ -5,8 +5,9 @@
   requests inside each (ITL resamples whole requests with all their gaps). Run-to-run
   noise and request-to-request spread both widen it; with one repeat only the second
   remains, which the table says (`repeats` = 1).
-- Per-run figures (throughput, goodput, attainment) are the mean of the repeats with a
-  Student-t interval (none with one repeat).
+- Per-run figures (throughput, goodput) are the mean of the repeats with a Student-t
+  interval (none with one repeat); the SLO attainment pools the repeats' judged
+  requests, with a Clopper–Pearson interval.
 - The limiting cause is the triage's top cause, the most common over the repeats, with
   how many repeats agree.
 """
@@ -134,6 +135,12 @@ def _per_run(rows: list[dict[str, Any]]) -> dict[str, float]:
             half = stats.t.ppf(0.5 + LEVEL / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
             lo, hi = mean - half, mean + half
         out[column], out[f"{column}_lo"], out[f"{column}_hi"] = mean, lo, hi
+    judged = sum(int(r.get("judged", 0) or 0) for r in rows)
+    if judged:
+        good = sum(int(r.get("good", 0) or 0) for r in rows)
+        ci = stats.binomtest(good, judged).proportion_ci(LEVEL, method="exact")
+        out["attainment"] = good / judged
+        out["attainment_lo"], out["attainment_hi"] = float(ci.low), float(ci.high)
     return out
 
 

@@ -11,8 +11,8 @@ from serve_support import start_server, stop_server
 from perfdiag.traces.manifest import read_manifest
 
 SLO = "ttft=0.03,tpot=4ms"
-LOAD = ["--set", "prompt-len=64", "--set", "output-len=16", "--set", "no-device-sampling=on",
-        "--duration", "2", "--max-repeats", "2", "--tolerance", "0.2", "-q"]  # fmt: skip
+SETS = ["--set", "prompt-len=64", "--set", "output-len=16", "--set", "no-device-sampling=on"]
+LOAD = [*SETS, "--duration", "2", "--max-repeats", "2", "--tolerance", "0.2", "-q"]
 
 
 def _check(out, slo_targets) -> dict:
@@ -52,3 +52,25 @@ def test_capacity_of_a_server_over_http(tmp_path, cli):
     data = _check(out, {"ttft_s": 0.05, "tpot_s": 0.008})
     assert data["saturation"]["concurrency"] == 16  # a target's probe: 16 clients
     assert read_manifest(data["capacity"]["repeats"][0]["run"]).config.get("target")
+
+
+def test_capacity_per_configuration(tmp_path, cli):
+    out = tmp_path / "cap"
+    r = cli("capacity", "--slo", SLO, "--set", "preset=tiny", "--vary", "max-seqs=2,32",
+            "--start", "100", "--min-repeats", "1", "--max-repeats", "1", "--tolerance", "0.5",
+            *SETS, "--duration", "2", "-q", "-o", out, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads((out / "capacities.json").read_text())
+    by_config = {c["configuration"]: c for c in data["configurations"]}
+    assert set(by_config) == {"max-seqs=2", "max-seqs=32"}
+    # two sequences per step serve less than 32: the per-configuration searches agree
+    assert (by_config["max-seqs=2"]["capacity"] or 0) < by_config["max-seqs=32"]["capacity"]
+    for name in by_config:
+        assert (out / name / "capacity.json").exists()
+    assert "capacity by configuration" in r.stdout
+
+
+def test_capacity_refuses_what_it_chooses_itself(cli, tmp_path):
+    r = cli("capacity", "--slo", SLO, "--set", "rate=3", "-o", tmp_path / "x")
+    assert r.returncode == 1 and "chosen by the search" in r.stderr
+    assert not (tmp_path / "x").exists()

@@ -54,7 +54,10 @@ def test_a_knob_sweep_names_the_metric_that_moved_beyond_noise():
     )
     assert knee_metric(t, is_load=False, has_slo=False) == "itl_p99_ms"
     assert knee_metric(t, is_load=True, has_slo=False) == "ttft_p99_ms"
-    t["attainment"] = 1.0
+    t["attainment"], t["attainment_lo"], t["attainment_hi"] = 1.0, 0.97, 1.0
+    assert knee_metric(t, is_load=True, has_slo=True) == "ttft_p99_ms"  # the SLO never broke
+    t["attainment"] = [1.0, 1.0, 0.98, 0.7, 0.4]
+    t["attainment_lo"], t["attainment_hi"] = t["attainment"] - 0.03, t["attainment"] + 0.02
     assert knee_metric(t, is_load=True, has_slo=True) == "attainment"
 
 
