@@ -3,8 +3,8 @@ device and start, from the top-level keys wherever they stand in the document.
 
 Kineto writes `distributedInfo` and `deviceProperties` before `traceEvents` and
 `baseTimeNanoseconds` after it, but other writers (perfdiag's exports before they wrote
-their header first, hand-edited files) put them anywhere. The keys before the events cost one event's
-decoding; keys after them are read from the file's tail (the last `TAIL_CHARS`
+their header first, hand-edited files) put them anywhere. The keys before the events
+cost one event's decoding; keys after them are read from the file's tail (the last `TAIL_CHARS`
 characters: a plain file seeks there, a gzip is decompressed to its end, without
 decoding), and only when something is missing before the events. A single gzipped
 file is not decompressed an extra time for it: the import reads the complete header as
