@@ -54,6 +54,9 @@ class CapacityPlan:
         for flag in ("rate", "concurrency", "closed", "requests"):
             if flag in self.base:
                 raise ConfigError(f"{flag} is chosen by the search; leave it out of --set")
+        from .spec import check_target_flags
+
+        check_target_flags(self.base, self.target)
 
     def flags(self, x: float, repeat: int) -> dict[str, Any]:
         flags = dict(self.base)

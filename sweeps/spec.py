@@ -92,6 +92,7 @@ class SweepSpec:
             raise ConfigError(f"repeats must be within [1, {MAX_REPEATS}], got {self.repeats}")
         if len(self.points()) > MAX_POINTS:
             raise ConfigError(f"the grid has more than {MAX_POINTS:,} points")
+        check_target_flags([*self.base, *flags], self.target)
 
     def points(self) -> list[Point]:
         grid = itertools.product(*(a.values for a in self.axes))
@@ -150,6 +151,30 @@ def flag_types() -> dict[str, type]:
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
         out[name] = kind
     return out
+
+
+@typing.no_type_check
+def engine_flags() -> frozenset[str]:
+    """The run flags that configure engine_ref (its help panel): a server's own."""
+    from ..cli.run import ENGINE, run
+
+    hints = typing.get_type_hints(run, include_extras=True)
+    out = set()
+    for name, hint in hints.items():
+        for meta in getattr(hint, "__metadata__", ()):
+            if getattr(meta, "rich_help_panel", None) == ENGINE:
+                out.add(name)
+    return frozenset(out)
+
+
+def check_target_flags(flags, target: str | None) -> None:
+    """Engine knobs mean nothing to an HTTP target: refuse them rather than ignore them."""
+    if target is None:
+        return
+    knobs = sorted(set(flags) & engine_flags())
+    if knobs:
+        raise ConfigError(f"{knobs[0].replace('_', '-')} configures engine_ref; a --target "
+                          "server's settings are its own (set them when starting it)")  # fmt: skip
 
 
 def flag_name(key: str) -> str:

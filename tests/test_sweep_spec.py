@@ -84,6 +84,15 @@ def test_a_yaml_file_says_the_same_as_the_command_line(tmp_path: Path):
         from_file(f)
 
 
+def test_engine_knobs_are_refused_against_a_server():
+    with pytest.raises(ConfigError, match="chunk-size configures engine_ref"):
+        from_command_line([], ["chunk-size=64,128"], 1, None, "http://127.0.0.1:9", None)
+    with pytest.raises(ConfigError, match="preset configures engine_ref"):
+        from_command_line(["preset=tiny"], ["rate=1,2"], 1, None, "http://127.0.0.1:9", None)
+    spec = from_command_line(["requests=8"], ["rate=1,2"], 1, None, "http://127.0.0.1:9", None)
+    assert spec.flags_of(spec.points()[0])["target"] == "http://127.0.0.1:9"
+
+
 def test_repeats_are_bounded():
     with pytest.raises(ConfigError, match="repeats"):
         SweepSpec({}, (Axis("rate", (1.0,)),), repeats=0)
