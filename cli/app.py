@@ -49,9 +49,25 @@ def _root(
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug in perfdiag, not in what the user gave it
 
 
+def _plain_help(command) -> None:
+    """Escape rich markup in every help text: "[cpu]" or "[runs/<time>]" is a default
+    to show, not a tag to swallow (rich read them as markup and printed "Run directory .")."""
+    from rich.markup import escape
+
+    if getattr(command, "help", None):
+        command.help = escape(command.help)
+    for param in getattr(command, "params", ()):
+        if getattr(param, "help", None):
+            param.help = escape(param.help)
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
-        app(args=argv, prog_name="perfdiag", standalone_mode=True)
+        command = typer.main.get_command(app)
+        _plain_help(command)
+        command(args=argv, prog_name="perfdiag", standalone_mode=True)
     except PerfdiagError as e:
         print(f"perfdiag: error: {e}", file=sys.stderr)
         sys.exit(1)
