@@ -4,14 +4,18 @@ display): analysing a run never needs it.
 
 - `ttft_parts`: the TTFT critical path, mean / p50 / p99 tail, stacked by part;
 - `itl_causes`: what the gaps between tokens were made of, all gaps and the p99 tail;
-- `load`: requests in flight (client) and the engine's waiting queue over time;
+- `load`: requests in flight (client) and in the engine's queue over time (inbox and
+  waiting queue, from the request events: the intervals TTFT's queue part is made of);
 - `steps`: step durations over time, coloured by batch kind, with preemptions marked;
+  both shade the probe stalls and the profiler window (figure_data.py has the data);
 - `kv`: KV blocks in use and the waiting queue over the steps.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from .figure_data import figure_data
 
 FIGURES = ("ttft_parts", "itl_causes", "load", "steps", "kv")
 
@@ -75,21 +79,17 @@ def _itl_causes(ctx, plt):
 
 
 def _load(ctx, plt):
-    load = ctx.get("load")
-    if load is None or not len(load.in_flight.curve):
+    d = figure_data(ctx)
+    flight, queue = d.in_flight, d.queue
+    if not len(flight) and not len(queue):
         return None
-    c = load.in_flight.curve
-    t0 = int(c["ts_ns"].iloc[0])
     fig, ax = plt.subplots(figsize=(7, 3))
-    ax.step((c["ts_ns"] - t0) / 1e9, c["in_flight"], where="post", label="in flight (client)")
-    steps = ctx.run.steps
-    if len(steps) and steps["num_waiting"].notna().any():
-        ax.plot(
-            (steps["start_ns"] - t0) / 1e9,
-            steps["num_waiting"],
-            lw=0.8,
-            label="waiting in the engine",
-        )
+    if len(flight):
+        ax.step(flight["t_s"], flight["in_flight"], where="post", label="in flight (client)")
+    if len(queue):
+        ax.step(queue["t_s"], queue["queued"], where="post", lw=0.9,
+                label="engine queue (arrived, not yet running)")  # fmt: skip
+    _mark_stalls(ax, d)
     ax.set_xlabel("s")
     ax.set_ylabel("requests")
     ax.set_title("Load over time")
@@ -98,24 +98,34 @@ def _load(ctx, plt):
 
 
 def _steps(ctx, plt):
-    comp = ctx.get("composition")
-    steps = ctx.run.steps
-    if comp is None or not len(steps):
+    d = figure_data(ctx)
+    per = d.steps
+    if not len(per):
         return None
-    per = comp.per_step.merge(steps[["step_id", "start_ns", "num_preempted"]], on="step_id")
-    t = (per["start_ns"] - per["start_ns"].min()) / 1e9
     fig, ax = plt.subplots(figsize=(7, 3))
     for kind in ("decode", "mixed", "prefill"):
         sel = (per["kind"] == kind).to_numpy()
-        ax.scatter(t[sel], per["dur_s"][sel] * 1e3, s=4, label=kind)
-    pre = per["num_preempted"].fillna(0).to_numpy() > 0
+        ax.scatter(per["t_s"][sel], per["dur_ms"][sel], s=4, label=kind)
+    pre = per["preempted"].to_numpy()
     if pre.any():
-        ax.scatter(t[pre], per["dur_s"][pre] * 1e3, s=18, marker="x", c="red", label="preemption")
+        ax.scatter(per["t_s"][pre], per["dur_ms"][pre], s=18, marker="x", c="red",
+                   label="preemption")  # fmt: skip
+    _mark_stalls(ax, d)
     ax.set_xlabel("s")
     ax.set_ylabel("step ms")
     ax.set_title("Engine steps")
     ax.legend(fontsize=8, markerscale=2)
     return fig
+
+
+def _mark_stalls(ax, d) -> None:
+    """Shade the profiler window and the probe stalls, each labelled once."""
+    w = d.profiler_window
+    if w is not None:
+        ax.axvspan(w.start_s, w.end_s, color="tab:blue", alpha=0.08, lw=0, label=w.label)
+    for i, st in enumerate(d.stalls):
+        label = "probe stall" if i == 0 else None
+        ax.axvspan(st.start_s, st.end_s, color="tab:red", alpha=0.18, lw=0, label=label)
 
 
 def _kv(ctx, plt):
