@@ -87,14 +87,68 @@ def kernel_breakdown(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def op_breakdown(df: pd.DataFrame) -> pd.DataFrame:
-    """Per CPU-op name: count, total (inclusive), mean, p99, max."""
-    ops = df.loc[category_mask(df["category"], ["cpu_op"]), ["name", "dur_ns"]]
+    """Per CPU-op name: count, total (inclusive), mean, p99, max, and self time (the
+    time not inside a nested op: aten::linear contains aten::matmul contains aten::mm,
+    so inclusive totals add up to more than the thread's time). Sorted by self time;
+    `self_share_pct` is the share of all ops' self time, which adds up to 100."""
+    mask = category_mask(df["category"], ["cpu_op"])
+    ops = df.loc[mask, ["name", "dur_ns", "start_ns", "rank_key", "pid", "tid"]]
     if not len(ops):
         return pd.DataFrame()
+    start = ops["start_ns"].to_numpy(np.int64)
+    dur = ops["dur_ns"].to_numpy(np.int64)
+    thread = pd.MultiIndex.from_frame(ops[["rank_key", "pid", "tid"]].fillna(-1)).codes
     frame = pd.DataFrame(
         {
             "name": ops["name"].astype("category").to_numpy(),
-            "dur_ns": ops["dur_ns"].to_numpy(np.int64),
+            "dur_ns": dur,
+            "self_ns": self_time_ns(start, start + dur, _thread_code(thread)),
         }
     )
-    return _stats(frame, "name")
+    out = _stats(frame, "name")
+    self_total = frame.groupby("name", sort=False, observed=True)["self_ns"].sum()
+    out["self_ns"] = out["name"].map(self_total).to_numpy(np.int64)
+    whole = out["self_ns"].sum()
+    out["self_share_pct"] = 100.0 * out["self_ns"] / whole if whole else np.nan
+    return out.sort_values("self_ns", ascending=False, ignore_index=True)
+
+
+def _thread_code(codes) -> np.ndarray:
+    """One integer per (rank, pid, tid) from the MultiIndex level codes."""
+    key = np.zeros(len(codes[0]), dtype=np.int64)
+    for c in codes:
+        key = key * (int(c.max()) + 2 if len(c) else 1) + (c.astype(np.int64) + 1)
+    return key
+
+
+def self_time_ns(start: np.ndarray, end: np.ndarray, thread: np.ndarray) -> np.ndarray:
+    """Each span's duration less its direct children's: spans of the same thread one
+    nesting level down that start inside it. Depth comes from a sweep over start and end
+    events (an end before a start at the same instant: touching spans do not nest; of
+    spans starting together the longer is outside); a child's parent is the last span one
+    level up, in start order, before it. No Python loop over spans: one pass per depth."""
+    n = len(start)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    times = np.concatenate([start, end])
+    kind = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
+    outer_first = np.concatenate([-end, np.zeros(n, np.int64)])
+    span = np.concatenate([np.arange(n), np.arange(n)])
+    threads = np.concatenate([thread, thread])
+    order = np.lexsort((outer_first, kind, times, threads))
+    running = np.cumsum(kind[order])
+    starts = kind[order] == 1
+    depth = np.empty(n, np.int64)
+    depth[span[order][starts]] = running[starts] - 1
+    by_start = span[order][starts]  # spans in (thread, start, outer first) order
+    d_sorted = depth[by_start]
+    children = np.zeros(n, np.float64)
+    dur = (end - start).astype(np.float64)
+    for d in range(1, int(depth.max()) + 1 if n else 1):
+        parents_at = np.flatnonzero(d_sorted == d - 1)
+        kids_at = np.flatnonzero(d_sorted == d)
+        if not len(kids_at) or not len(parents_at):
+            continue
+        parent = by_start[parents_at[np.searchsorted(parents_at, kids_at) - 1]]
+        children += np.bincount(parent, weights=dur[by_start[kids_at]], minlength=n)
+    return np.maximum(dur - children, 0).astype(np.int64)

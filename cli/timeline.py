@@ -70,10 +70,15 @@ def timeline(
         return
     parts = [f"{c}_ns" for c in CLASSES] + ["idle_ns"]
     b = rep.breakdown
-    t = Table(
-        "rank", "window", "wall ms", *[p[:-3] for p in parts], title="step-time breakdown (ms)"
-    )
-    shown = b.head(max_windows)
+    shown, title = b.head(max_windows), "step-time breakdown (ms)"
+    window = _profiled_steps(loaded)
+    if window is not None and "step" in b:  # the steps with op-level detail come first
+        first, last = window
+        inside = b[(b["step"] >= first) & (b["step"] <= last)]
+        if len(inside):
+            shown = inside.head(max_windows)
+            title = f"step-time breakdown (ms): the profiled window, steps {first}–{last}"
+    t = Table("rank", "window", "wall ms", *[p[:-3] for p in parts], title=title)
     for _, row in shown.iterrows():
         t.add_row(
             _rank(row["rank_key"]),
@@ -173,7 +178,6 @@ def timeline(
     for title, frame, key in (
         ("kernel classes", rep.kernel_classes, "kernel_class"),
         (f"top {top} kernels", rep.kernels.head(top), "name"),
-        (f"top {top} CPU ops", rep.ops.head(top), "name"),
     ):
         if not len(frame):
             continue
@@ -190,8 +194,34 @@ def timeline(
                 f"{row['share_pct']:.1f}",
             )
         out.print(fit(t, out))
+    if len(rep.ops):
+        t = Table(
+            "name", "count", "self ms", "total ms", "mean µs", "p99 µs", "self %",
+            title=f"top {top} CPU ops by self time (total: with the ops nested inside; "
+            "self % adds up to 100)",
+        )  # fmt: skip
+        for _, row in rep.ops.head(top).iterrows():
+            t.add_row(
+                str(row["name"])[:80],
+                f"{row['count']:,}",
+                _ms(row["self_ns"]),
+                _ms(row["total_ns"]),
+                _us(row["mean_ns"]),
+                _us(row["p99_ns"]),
+                f"{row['self_share_pct']:.1f}",
+            )
+        out.print(fit(t, out))
 
     _print_roofline(roof)
+
+
+def _profiled_steps(run) -> tuple[int, int] | None:
+    """The engine steps a profiler window captured (--profile-steps), if any."""
+    window = (run.manifest.extra or {}).get("profiler_window") or {}
+    captured = window.get("captured_steps")
+    if not captured or len(captured) != 2 or None in captured:
+        return None
+    return int(captured[0]), int(captured[1])
 
 
 def _roofline(run, ceilings_dir, hardware=None):

@@ -85,7 +85,9 @@ class ProfilerWindow:
         activities = [ProfilerActivity.CPU]
         if self.device.startswith("cuda"):
             activities.append(ProfilerActivity.CUDA)
-        self._prof = profile(activities=activities, record_shapes=True)
+        # shapes give the GEMMs' FLOPs and bytes (traces/importers/op_cost.py); with_flops
+        # adds torch's own figures where its build writes them (CUDA)
+        self._prof = profile(activities=activities, record_shapes=True, with_flops=True)
         self._prof.start()
         for _ in range(SYNC_SAMPLES):
             before = time.monotonic_ns()

@@ -26,6 +26,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from .chrome_stream import ChromeTraceStream
+from .op_cost import op_cost
 
 CPU, GPU = 0, 1
 
@@ -292,6 +293,8 @@ class KinetoFileReader:
                         nbytes = comm_bytes(args)
                     elif "flops" in args:
                         flops = _int(args["flops"])
+                    elif "Input Dims" in args:  # a CPU torch writes shapes, not flops
+                        flops, nbytes = op_cost(name, args)
             text = None
             if args:
                 # The args object's own text: Kineto writes it last, so it runs from the
