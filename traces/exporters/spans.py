@@ -216,7 +216,8 @@ def _resource_track(
             GPU_OTHER: "stream {} · other",
             GPU_COMM: "communication",
         }[kind]
-        track = tree.child(("gpu", rank, a, kind, b), group, what.format(b if b >= 0 else "?"))
+        where = what.format(b) if b >= 0 else what.replace("stream {}", "no stream (context-wide)")
+        track = tree.child(("gpu", rank, a, kind, b), group, where)
     return track
 
 

@@ -28,6 +28,8 @@ from decimal import Decimal, InvalidOperation
 from .chrome_stream import ChromeTraceStream
 from .op_cost import op_cost
 
+NO_STREAM = 2**32 - 1  # how Kineto writes a stream of -1 (uint32)
+
 CPU, GPU = 0, 1
 
 # Kineto category → (perfdiag span category, resource kind). Older Kineto versions wrote
@@ -271,6 +273,8 @@ class KinetoFileReader:
                 queue = args.get("stream", ev.get("tid"))
                 if queue.__class__ is not int:
                     queue = _int(queue)
+                if queue == NO_STREAM:  # a context-wide sync: on no stream (CUDA's -1)
+                    queue = None
                 if category == "kernel":
                     if _COMM_KERNEL.match(name):
                         category = "comm"
