@@ -12,6 +12,8 @@ end-to-end metrics moved, and whether the outputs are still the same.
   intervals on the difference B − A (requests resampled with replacement, each run on its
   own; ITL resamples whole requests with all their gaps, since a request's gaps are not
   independent). Seeded: the same runs give the same intervals.
+- `trace_diff` (analyzers/trace_diff.py): per op and kernel, what was added, removed or
+  changed in calls and time per step, when both runs hold spans.
 - `correctness`: per request, the output digest of B against A (same request id, both
   ended normally), the mismatch rate, and log-probability differences where recorded.
 """
@@ -29,6 +31,7 @@ from ..traces.reader import Run
 from .findings import SEVERITIES, Triage, value_text
 from .lifecycle import Missing
 from .serving import ServingAnalysis
+from .trace_diff import TraceDiff
 
 # Workload fields that decide which requests a run sends (not when it sends them).
 PROMPT_FIELDS = ("seed", "requests", "prompt_len", "output_len", "shared_prefix", "replay")
@@ -117,6 +120,13 @@ def config_diff(a: Manifest, b: Manifest, host_a=None, host_b=None) -> ConfigDif
         fa = {k: v for k, v in (a.config.get("faults") or {}).items() if v}
         fb = {k: v for k, v in (b.config.get("faults") or {}).items() if v}
         changes += _diff(fa, fb, "config", "faults.")
+    elif _imported(a) and _imported(b):  # traces: the files are not a setting
+        ia, ib = _trace_identity(a), _trace_identity(b)
+        changes += _diff(ia, ib, "environment", "trace.")
+        changes = [  # which rank was traced changes what is recorded, not the job
+            Change(c.name, "measurement", c.a, c.b) if c.name == "trace.ranks" else c
+            for c in changes
+        ]
     else:  # not recorded by `perfdiag run`: every configuration leaf is a variable
         changes += _diff(_flatten(a.config), _flatten(b.config), "config", "config.")
     ea, eb = a.environment, b.environment
@@ -124,6 +134,13 @@ def config_diff(a: Manifest, b: Manifest, host_a=None, host_b=None) -> ConfigDif
     env_b = {k: eb.get(k) for k in _ENV_KEYS} | (eb.get("packages") or {})
     env_a["perfdiag"], env_b["perfdiag"] = a.perfdiag_version, b.perfdiag_version
     notes = []
+    env_a["gpus"], env_b["gpus"] = gpus_text(ea.get("gpus")), gpus_text(eb.get("gpus"))
+    if env_a["gpus"] == env_b["gpus"] and _show(ea.get("gpus")) != _show(eb.get("gpus")):
+        notes.append("the GPUs' recorded properties differ beyond name and memory (manifests)")
+    if _imported(a) and _imported(b):
+        ta, tb = (", ".join(map(str, m.config.get("traces") or [])) for m in (a, b))
+        if ta != tb:
+            notes.append(f"traces: A {ta}; B {tb}")
     rev_a, rev_b = (str(e.get("git_revision") or "") for e in (ea, eb))
     env_a["code revision"] = rev_a.removesuffix("-dirty")
     env_b["code revision"] = rev_b.removesuffix("-dirty")
@@ -137,6 +154,46 @@ def config_diff(a: Manifest, b: Manifest, host_a=None, host_b=None) -> ConfigDif
     if ea.get("hostname") != eb.get("hostname"):
         notes.append(f"recorded on {ea.get('hostname')} and {eb.get('hostname')}")
     return ConfigDiff(tuple(changes), tuple(notes))
+
+
+def gpus_text(gpus) -> str | None:
+    """A run's GPUs in a few words: "8 × NVIDIA A100-PG509-200 (39.6 GiB)", kinds joined
+    by "+" (never the properties as JSON)."""
+    if not isinstance(gpus, list) or not gpus:
+        return None
+    kinds: dict[str, int] = {}
+    for g in gpus:
+        g = g if isinstance(g, dict) else {"name": str(g)}
+        mem = g.get("memory_bytes")
+        size = f" ({mem / 2**30:.1f} GiB)" if isinstance(mem, int | float) and mem else ""
+        key = f"{g.get('name') or 'unnamed GPU'}{size}"
+        kinds[key] = kinds.get(key, 0) + 1
+    return " + ".join(f"{n} × {k}" for k, n in kinds.items())
+
+
+def _imported(m: Manifest) -> bool:
+    return m.source != "perfdiag" or bool((m.extra or {}).get("kineto"))
+
+
+def _trace_identity(m: Manifest) -> dict[str, object]:
+    """What an imported trace says of its job: ranks, world size, backend and the
+    profiler's versions from the trace header (keys naming a version)."""
+    files = [f for f in ((m.extra or {}).get("kineto") or {}).get("files") or []
+             if isinstance(f, dict)]  # fmt: skip
+    out: dict[str, object] = {"importer": m.config.get("importer") or m.source}
+    if not files:
+        return out
+    ranks = sorted({f.get("rank") for f in files}, key=lambda r: (r is None, r))
+    out["ranks"] = ", ".join(str(r) for r in ranks)
+    for key in ("world_size", "backend"):
+        values = sorted({str(f.get(key)) for f in files if f.get(key) is not None})
+        if values:
+            out[key] = ", ".join(values)
+    for f in files:
+        for key, value in (f.get("header") or {}).items():
+            if "version" in key.lower() and not isinstance(value, dict | list):
+                out[key] = value
+    return out
 
 
 def _host_change(a, b) -> list[Change]:
@@ -432,3 +489,4 @@ class Comparison:
     correctness: Correctness
     findings: tuple[FindingChange, ...]
     triage: Triage  # run B's triage against A as its baseline (steps 6 and 7 included)
+    trace: TraceDiff | None = None  # the spans' diff, when both runs hold a trace

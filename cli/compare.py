@@ -30,9 +30,13 @@ def compare(
         int, typer.Option(help="Bootstrap resamples for the intervals.", min=100, max=20_000)
     ] = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap.", min=0, max=2**32 - 1)] = 0,
+    top: Annotated[
+        int, typer.Option(help="Rows in each table of the trace diff.", min=1, max=10_000)
+    ] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Compare two runs: configuration diff, metric deltas with intervals, correctness."""
+    """Compare two runs: the trace diff (when both hold spans), configuration diff, metric
+    deltas with intervals, correctness."""
     from ..analyzers.serving import analyze_serving, to_jsonable
     from ..playbooks.comparison import compare as compare_runs
     from ..playbooks.facts import TriageContext
@@ -47,13 +51,21 @@ def compare(
         print(json.dumps(to_jsonable(c), indent=2))
         return
     out.print(f"[bold]A[/] {c.run_a} ({run_a})\n[bold]B[/] {c.run_b} ({run_b})", highlight=False)
-    _variables(c.diff, c.deltas)
-    _deltas(c.deltas)
-    _correctness(c.correctness)
+    if c.trace is not None:  # runs that hold spans: what changed in them comes first
+        from .compare_trace import print_trace_diff
+
+        print_trace_diff(c.trace, top=top)
+    _variables(c.diff, c.deltas, c.trace)
+    served = bool(c.deltas) or c.correctness.comparable
+    if served or c.trace is None:
+        _deltas(c.deltas)
+        _correctness(c.correctness)
+    else:
+        out.print("[dim]serving metrics and correctness: not compared (no requests)[/]")
     _finding_changes(c)
 
 
-def _variables(diff, deltas) -> None:
+def _variables(diff, deltas, trace=None) -> None:
     main = diff.variables
     t = Table("variable", "A", "B", "kind", title="what changed (step 6)", title_justify="left")
     for ch in diff.changes:
@@ -77,7 +89,15 @@ def _variables(diff, deltas) -> None:
         )
     else:
         moved = [d.label for d in deltas if d.verdict in ("worse", "better")]
-        if moved:
+        traced = 0 if trace is None else len(trace.changed())
+        if traced:
+            out.print(
+                f"no recorded variable changed, yet the traces differ in {traced} ops "
+                "(above): something the runs do not record differs (code, inputs, "
+                "compiler or library settings)",
+                highlight=False,
+            )
+        elif moved:
             out.print(
                 f"[bold yellow]no recorded variable changed, yet {len(moved)} metrics moved "
                 f"beyond noise[/] ({escape(', '.join(moved))}): something the runs do not "

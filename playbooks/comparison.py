@@ -11,6 +11,7 @@ from ..analyzers.compare import (
     finding_changes,
     metric_deltas,
 )
+from ..analyzers.trace_diff import trace_diff
 from .evaluate import run_triage
 from .facts import TriageContext
 from .schema import Playbook, load_playbook, load_scenarios
@@ -38,4 +39,5 @@ def compare(
         correctness=correctness(a.run, b.run),
         findings=finding_changes(triage_a, triage_b),
         triage=triage_b,
+        trace=trace_diff(a.run, b.run),
     )
