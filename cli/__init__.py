@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (registers the commands)
     http_join,
     import_trace,
     inspect,
+    report,
     run,
     serve,
     sweep,

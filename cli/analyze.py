@@ -52,6 +52,10 @@ def analyze(
     no_report: Annotated[
         bool, typer.Option("--no-report", help="Do not write report.md and its figures.")
     ] = False,
+    html: Annotated[
+        bool,
+        typer.Option("--html", help="Also write results/report.html (perfdiag report RUN)."),
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print metrics.json (findings are in findings.json).")
     ] = False,
@@ -75,19 +79,58 @@ def analyze(
     """Triage a run: what is wrong, with evidence, and what to try next."""
     from ..analyzers.findings import write_findings
     from ..analyzers.serving import analyze_serving, to_jsonable, write_metrics
+    from ..errors import ConfigError
+    from ..playbooks.facts import TriageContext
+    from .analyze_tables import print_header, print_missing, print_tables
+    from .findings_view import print_triage
+
+    if (finding or verify_out) and not verify_advice:
+        raise ConfigError("--finding and --verify-out go with --verify-advice")
+    if html and no_report:
+        raise ConfigError("--html writes a report: drop --no-report")
+    ctx, triage, target = triage_of(
+        run, slo, slo_file, full_run, repeat, baseline, playbook, scenario
+    )
+    loaded, result = ctx.run, ctx.serving
+    written = _write(
+        lambda: write_metrics(result, loaded.path),
+        lambda: write_findings(triage, loaded.path),
+        (lambda: _report(triage, ctx)) if not no_report else None,
+        (lambda: _html(triage, ctx)) if html else None,
+    )
+    if as_json:
+        print(json.dumps(to_jsonable(result), indent=2))
+        return
+    print_header(result)
+    print_triage(triage, scenario, checks=details)
+    print_missing(result)
+    if details:
+        print_tables(result)
+    if written:
+        out.print(f"written: {', '.join(str(p) for p in written)}", highlight=False)
+    if verify_advice:
+        from .verify_view import verify_and_print
+
+        def analyze_again(run):
+            return TriageContext(run, analyze_serving(run, target, steady=not full_run))
+
+        verify_and_print(ctx, triage, finding, verify_out, analyze_again)
+
+
+def triage_of(run, slo=None, slo_file=None, full_run=False, repeat=None, baseline=None,
+              playbook=None, scenario=None):  # fmt: skip
+    """The run's triage context, its triage and the SLO it was judged against, as
+    `analyze` builds them from its options (`perfdiag report` shares it)."""
+    from ..analyzers.serving import analyze_serving
     from ..analyzers.slo import load_slo_file, parse_slo
     from ..errors import ConfigError
     from ..playbooks.evaluate import run_triage
     from ..playbooks.facts import TriageContext
     from ..playbooks.schema import load_playbook, load_scenarios
     from ..traces.reader import load_run
-    from .analyze_tables import print_header, print_missing, print_tables
-    from .findings_view import print_triage
 
     if slo and slo_file:
         raise ConfigError("give --slo or --slo-file, not both")
-    if (finding or verify_out) and not verify_advice:
-        raise ConfigError("--finding and --verify-out go with --verify-advice")
     target = parse_slo(slo) if slo else load_slo_file(slo_file) if slo_file else None
     book = load_playbook(playbook)
     scenarios = load_scenarios(book)
@@ -108,29 +151,13 @@ def analyze(
         repeats=tuple(context(p) for p in repeat or ()),
         baseline=context(baseline) if baseline is not None else None,
     )
-    triage = run_triage(ctx, book, scenarios)
-    written = _write(
-        lambda: write_metrics(result, loaded.path),
-        lambda: write_findings(triage, loaded.path),
-        (lambda: _report(triage, ctx)) if not no_report else None,
-    )
-    if as_json:
-        print(json.dumps(to_jsonable(result), indent=2))
-        return
-    print_header(result)
-    print_triage(triage, scenario, checks=details)
-    print_missing(result)
-    if details:
-        print_tables(result)
-    if written:
-        out.print(f"written: {', '.join(str(p) for p in written)}", highlight=False)
-    if verify_advice:
-        from .verify_view import verify_and_print
+    return ctx, run_triage(ctx, book, scenarios), target
 
-        def analyze_again(run):
-            return TriageContext(run, analyze_serving(run, target, steady=not full_run))
 
-        verify_and_print(ctx, triage, finding, verify_out, analyze_again)
+def _html(triage, ctx):
+    from ..playbooks.html_report import write_html
+
+    return write_html(triage, ctx)
 
 
 def _report(triage, ctx):
