@@ -200,7 +200,7 @@ async def test_compare_two_runs(runs):
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(app, pilot)
         assert app.comparison is not None
-        assert "A demo-a" in text_of(app.screen.query_one("#title"))
+        assert "B demo-b" in text_of(app.screen.query_one("#title"))  # the run under study
         # steps 6 and 7 on the overview are B's checks against A: outputs differ, fail
         steps = app.screen.query_one("#steps", DataTable)
         assert (
@@ -220,10 +220,10 @@ async def test_compare_two_runs(runs):
         await pilot.press("7")  # step 7 with two runs is the comparison
         await settle(app, pilot)
         assert isinstance(app.screen, CompareScreen)
-        await pilot.press("escape", "b")  # explore run B
+        await pilot.press("escape", "b")  # explore the baseline, A
         await settle(app, pilot)
-        assert isinstance(app.screen, OverviewScreen) and app.screen.data.label == "B"
-        assert "B demo-b" in text_of(app.screen.query_one("#title"))
+        assert isinstance(app.screen, OverviewScreen) and app.screen.data.label == "A"
+        assert "A demo-a" in text_of(app.screen.query_one("#title"))
 
 
 class FrameApp(App):

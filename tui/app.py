@@ -34,8 +34,8 @@ class PerfdiagApp(App):
         Binding("r", "open('requests')", "Requests"),
         Binding("t", "open('steps')", "Steps"),
         Binding("y", "open('roofline')", "Roofline", show=False),
-        Binding("c", "open('compare')", "Compare", show=False),
-        Binding("b", "switch_run", "Other run", show=False),
+        Binding("c", "open('compare')", "Compare"),  # shown with two runs only
+        Binding("b", "switch_run", "Other run"),
         *[Binding(str(n), f"open('step{n}')", f"Step {n}", show=False) for n in range(8)],
         Binding("q", "quit", "Quit"),
     ]
@@ -48,7 +48,8 @@ class PerfdiagApp(App):
         self.sources = list(sources)
         self.slo, self.steady, self.ceilings_dir = slo, steady, ceilings_dir
         self.datasets: list[RunData] = []
-        self.current = 0  # which run the screens explore
+        # which run the screens explore: the run under study (B) when there are two
+        self.current = len(self.sources) - 1
         self.comparison = None  # analyzers.compare.Comparison, once both runs are analysed
         self.progress = ("opening", 0.0)
         self.error: Exception | None = None  # what ended the app, raised by the CLI
@@ -127,6 +128,12 @@ class PerfdiagApp(App):
             self._exception = error
             self._exception_event.set()
         self.exit(return_code=1)
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        """The two-run keys (compare, other run) are shown, and work, with two runs."""
+        if action == "switch_run" or (action == "open" and parameters == ("compare",)):
+            return len(self.sources) > 1
+        return True
 
     # -- navigation ----------------------------------------------------------------
     def action_help(self) -> None:
