@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup run test fuzz llama-cpp lint format bench diagnosis-fast clean
+.PHONY: setup run test fuzz llama-cpp lint format bench diagnosis-fast html-check clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,21 @@ test: setup
 fuzz: setup
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -p no:cacheprovider \
 		--hypothesis-show-statistics tests/test_fuzz_*.py tests/test_fault_*.py
+
+# The HTML report in a real browser (docs/report.md): a tiny recorded run with a profiler
+# window, `perfdiag report`, then headless Chromium loads it and fails on any console error,
+# network request or unrendered plot. `make html-check SHOTS=docs` refreshes the screenshots
+# in docs/. Needs chromium (Debian: apt-get install chromium; .ci/run installs it).
+HTML_CHECK_DIR ?= build/html-check
+SHOTS ?= $(HTML_CHECK_DIR)
+html-check: setup
+	rm -rf $(HTML_CHECK_DIR)/run
+	$(BIN)/perfdiag run --preset tiny --prompt-len uniform:8:64 --output-len uniform:4:12 \
+		--no-device-sampling -q -n 16 --rate 100 -c 2 --profile-steps 10:20 \
+		--out $(HTML_CHECK_DIR)/run > /dev/null
+	$(BIN)/perfdiag report $(HTML_CHECK_DIR)/run
+	$(BIN)/python scripts/check_html_report.py $(HTML_CHECK_DIR)/run/results/report.html \
+		--screenshot $(SHOTS)/report.png --plots-screenshot $(SHOTS)/report-plots.png
 
 lint: setup
 	$(BIN)/ruff check .
