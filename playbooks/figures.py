@@ -140,7 +140,7 @@ def _kv(ctx, plt):
     ax.set_ylim(0, 105)
     ax2 = ax.twinx()
     ax2.plot(t, steps["num_waiting"], lw=0.8, color="tab:orange", label="waiting")
-    ax2.set_ylabel("requests waiting")
+    ax2.set_ylabel("waiting after scheduling")
     ax.set_xlabel("s")
     ax.set_title("KV pool and waiting queue")
     return fig
