@@ -254,7 +254,16 @@ def unpinned(ctx: TriageContext) -> Fact:
         ev("missing", "not recorded", ", ".join(missing) or "none"),
         ev("pinned", "recorded", ", ".join(pinned) or "none"),
     )
-    return Fact(len(missing), evidence, impact=len(missing) / len(_PINS))
+    tables = m.tables or {}
+    served = any((tables.get(t) or {}).get("rows", 0) for t in ("requests", "steps"))
+    # A bare trace (no requests, no engine steps) cannot record an engine's configuration
+    # or workload: what it lacks is worth knowing, never a cause that outranks one.
+    return Fact(
+        len(missing),
+        evidence,
+        impact=len(missing) / len(_PINS),
+        max_severity=None if served else "info",
+    )
 
 
 _SPREAD = (

@@ -199,33 +199,62 @@ def _timeline_frames(ctx: TriageContext):
 
 @fact(
     "gpu_idle_share",
-    provides=("cause", "gaps", "idle_ms", "wall_ms", "p99_gap_ms"),
+    provides=("cause", "gaps", "idle_ms", "wall_ms", "p99_gap_ms", "of_idle", "gpu_idle",
+              "largest_ms", "largest_at_ms", "next_op", "launch_name", "queue_p50_us"),
     cause=Param(str, choices=GAP_CAUSES),
-)
+)  # fmt: skip
 def gpu_idle_share(ctx: TriageContext, cause: str) -> Fact | Unavailable:
     """Share of the traced time the GPU sat idle for one cause (the host was busy
-    elsewhere, blocked in a synchronisation, launched late, or had no work)."""
+    elsewhere, blocked in a synchronisation, launched late, or had no work). The evidence
+    names the largest such gap (where it is, the op after it) so it can be looked at."""
     tl = _timeline_frames(ctx)
     if tl is None or not tl.gpu_ops:
         return Unavailable("the run has no GPU work in its spans (a CUDA profiler window)")
     wall = float(tl.breakdown["wall_ns"].sum())
+    all_idle = float(tl.gaps["dur_ns"].sum()) if len(tl.gaps) else 0.0
     g = tl.gaps[tl.gaps["cause"] == cause] if len(tl.gaps) else tl.gaps
     idle = float(g["dur_ns"].sum()) if len(g) else 0.0
     p99 = float(np.percentile(g["dur_ns"], 99)) / 1e6 if len(g) else float("nan")
+    largest_ms = largest_at = float("nan")
+    next_op = launch = ""
+    if len(g):
+        top = g.loc[g["dur_ns"].idxmax()]
+        origin = float(tl.windows["start_ns"].min()) if len(tl.windows) else float(top.start_ns)
+        largest_ms, largest_at = float(top["dur_ns"]) / 1e6, (top["start_ns"] - origin) / 1e6
+        next_op = str(top["next_op"])[:80]
+        launch = None if pd.isna(top["launch_name"]) else str(top["launch_name"])
+    queue = float("nan")
+    ls = tl.launch_stats
+    if len(ls) and launch in set(ls["launch_name"].astype(str)):
+        queue = float(ls.loc[ls["launch_name"].astype(str) == launch, "queue_p50_ns"].iloc[0])
     evidence = (
         ev("cause", "cause", cause.replace("_", " ")),
         ev("gaps", "gaps", len(g)),
         ev("idle_ms", "idle", idle / 1e6, "ms"),
         ev("wall_ms", "traced", wall / 1e6, "ms"),
+        ev("of_idle", "of all GPU idle time", share(idle, all_idle), "%"),
+        ev("gpu_idle", "GPU idle (all causes)", share(all_idle, wall), "%"),
         ev("p99_gap_ms", "gap p99", p99, "ms"),
+        ev("largest_ms", "largest gap", largest_ms, "ms"),
+        ev("largest_at_ms", "largest gap at (from the first step)", largest_at, "ms"),
+        ev("next_op", "op after the largest gap", next_op),
+        ev("launch_name", "its launch", launch),
+        ev("queue_p50_us", "launch-to-start p50 of that API", queue / 1e3, "µs"),
     )
     value = share(idle, wall)
     return Fact(value, evidence, impact=value if finite(value) else 0.0)
 
 
+def _serving(ctx: TriageContext) -> bool:
+    """Whether the run serves requests (has requests or engine steps) rather than being a
+    bare trace (training, or a profiler trace of unknown purpose)."""
+    tables = ctx.run.manifest.tables or {}
+    return any((tables.get(t) or {}).get("rows", 0) for t in ("requests", "steps"))
+
+
 @fact(
     "exposed_share",
-    provides=("what", "exposed_ms", "wall_ms", "overlapped_ms"),
+    provides=("what", "exposed_ms", "wall_ms", "overlapped_ms", "comm_advice"),
     what=Param(str, choices=("comm", "copy")),
 )
 def exposed_share(ctx: TriageContext, what: str) -> Fact | Unavailable:
@@ -246,6 +275,15 @@ def exposed_share(ctx: TriageContext, what: str) -> Fact | Unavailable:
         ev("wall_ms", "traced", wall / 1e6, "ms"),
         ev("overlapped_ms", "hidden behind compute", (total - exposed) / 1e6, "ms"),
     )
+    if what == "comm":
+        advice = (
+            "Fewer ranks per model replica (a lower tensor-parallel degree) if the model fits."
+            if _serving(ctx)
+            else "For data-parallel training, let gradient all-reduce overlap backward "
+            "(DDP bucket_cap_mb, no find_unused_parameters) or shard with FSDP so "
+            "reduce-scatter overlaps compute."
+        )
+        evidence += (ev("comm_advice", "advice", advice),)
     value = share(exposed, wall)
     return Fact(value, evidence, impact=value if finite(value) else 0.0)
 
