@@ -210,6 +210,12 @@ def gpu_idle_share(ctx: TriageContext, cause: str) -> Fact | Unavailable:
     tl = _timeline_frames(ctx)
     if tl is None or not tl.gpu_ops:
         return Unavailable("the run has no GPU work in its spans (a CUDA profiler window)")
+    if cause == "no_work" and _serving(ctx):
+        # A serving engine's GPU waits whenever no request is ready, and its host work
+        # between steps is Python the tracer does not see: the load checks (step 2) and
+        # host-bound (the engine's own phases) judge those; this is for bare traces.
+        return Unavailable("a serving run: its idle GPU is judged by the load and host-bound "
+                           "checks, which see the requests and the engine's phases")  # fmt: skip
     wall = float(tl.breakdown["wall_ns"].sum())
     all_idle = float(tl.gaps["dur_ns"].sum()) if len(tl.gaps) else 0.0
     g = tl.gaps[tl.gaps["cause"] == cause] if len(tl.gaps) else tl.gaps

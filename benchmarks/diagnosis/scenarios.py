@@ -88,8 +88,11 @@ class Scenario:
             engine = EngineOptions(**(_ENGINE | self.engine))
             probes = ProbeOptions(**({"device_sampling": False} | self.probes))
         work = base | self.workload
-        if rate is not None:
-            work |= {"arrival": ArrivalSpec(mode="open", rate=rate, process="poisson")}
+        if rate is not None:  # an open loop keeps its own process (bursts stay bursts)
+            own = work.get("arrival")
+            arrival = (dataclasses.replace(own, rate=rate) if own is not None and own.mode == "open"
+                       else ArrivalSpec(mode="open", rate=rate, process="poisson"))  # fmt: skip
+            work |= {"arrival": arrival}
         if requests is not None:
             work |= {"requests": requests, "warmup": min(work["warmup"], requests // 8)}
         return RunOptions(engine, WorkloadSpec(name=self.name, **work), probes)
