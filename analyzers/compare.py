@@ -94,8 +94,26 @@ def _diff(a: dict, b: dict, kind: str, prefix: str) -> list[Change]:
     return out
 
 
+def _length_text(spec) -> object:
+    """A token-length spec as `perfdiag run` writes it (`1024`, `uniform:16:64`,
+    `lognormal:96:0.6:16:512`): a fixed length's unused bounds are not differences."""
+    if not isinstance(spec, dict) or "kind" not in spec:
+        return spec
+    kind = spec["kind"]
+    if kind == "fixed":
+        return str(spec.get("value"))
+    if kind == "uniform":
+        return f"uniform:{spec.get('low')}:{spec.get('high')}"
+    return (
+        f"{kind}:{spec.get('median'):g}:{spec.get('sigma'):g}:{spec.get('low')}:{spec.get('high')}"
+    )
+
+
 def _workload_vars(w: dict) -> dict[str, object]:
     out = {k: v for k, v in w.items() if k not in _WORKLOAD_SKIP and k != "arrival"}
+    for key in ("prompt_len", "output_len"):
+        if key in out:
+            out[key] = _length_text(out[key])
     for key, value in (w.get("arrival") or {}).items():  # rate, cap, process: separate knobs
         out[f"arrival.{key}"] = value
     return out

@@ -24,6 +24,16 @@ GATE_STEP = 0  # the data-trust gate, reported before the seven steps
 QUALIFYING_STEP = 1  # the gate and step 1 (reproducibility) qualify the causes after them
 
 
+def recorded_analysis(run_path: str | os.PathLike) -> dict | None:
+    """The options of the analysis results/findings.json holds (None: none recorded)."""
+    try:
+        data = json.loads((Path(run_path) / RESULTS_DIR / FINDINGS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    analysis = data.get("analysis") if isinstance(data, dict) else None
+    return analysis if isinstance(analysis, dict) else None
+
+
 def severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity)
 
@@ -167,14 +177,20 @@ class Triage:
         return next((f for f in self.findings if f.check == check), None)
 
 
-def write_findings(triage: Triage, run_path: str | os.PathLike) -> Path:
-    """Write results/findings.json into the run (atomically: write, then rename)."""
+def write_findings(
+    triage: Triage, run_path: str | os.PathLike, analysis: dict | None = None
+) -> Path:
+    """Write results/findings.json into the run (atomically: write, then rename);
+    `analysis`: the options it was made with (`perfdiag analyze` records them, so a later
+    analysis with other options can say what it replaces)."""
     results = Path(run_path) / RESULTS_DIR
     results.mkdir(parents=True, exist_ok=True)
     target = results / FINDINGS_FILE
     tmp = target.with_suffix(".json.tmp")
     data = to_jsonable(triage)
     data["top"] = triage.top.check if triage.top is not None else None  # the top cause's check
+    if analysis is not None:
+        data["analysis"] = analysis
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, target)
     return target

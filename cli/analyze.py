@@ -92,9 +92,11 @@ def analyze(
         run, slo, slo_file, full_run, repeat, baseline, playbook, scenario
     )
     loaded, result = ctx.run, ctx.serving
+    options = analysis_options(slo, slo_file, full_run, repeat, baseline, playbook)
+    replaced = _replaced_note(loaded.path, options, no_report)
     written = _write(
         lambda: write_metrics(result, loaded.path),
-        lambda: write_findings(triage, loaded.path),
+        lambda: write_findings(triage, loaded.path, options),
         (lambda: _report(triage, ctx)) if not no_report else None,
         (lambda: _html(triage, ctx)) if html else None,
     )
@@ -108,6 +110,8 @@ def analyze(
         print_tables(result)
     if written:
         out.print(f"written: {', '.join(str(p) for p in written)}", highlight=False)
+    for note in replaced:
+        out.print(f"[yellow]note[/]: {note}", highlight=False)
     if verify_advice:
         from .verify_view import verify_and_print
 
@@ -115,6 +119,45 @@ def analyze(
             return TriageContext(run, analyze_serving(run, target, steady=not full_run))
 
         verify_and_print(ctx, triage, finding, verify_out, analyze_again)
+
+
+def analysis_options(slo, slo_file, full_run, repeat, baseline, playbook) -> dict:
+    """What an analysis was asked, as findings.json records it (defaults left out)."""
+    options = {
+        "window": "whole run" if full_run else "steady state",
+        "slo": slo or (str(slo_file) if slo_file else None),
+        "repeats": [str(p) for p in repeat or ()] or None,
+        "baseline": str(baseline) if baseline else None,
+        "playbook": str(playbook) if playbook else None,
+    }
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _describe(options: dict) -> str:
+    parts = [options.get("window", "steady state")]
+    for key in ("slo", "baseline", "repeats", "playbook"):
+        if key in options:
+            value = options[key]
+            parts.append(f"{key} {', '.join(value) if isinstance(value, list) else value}")
+    return "; ".join(parts)
+
+
+def _replaced_note(run_path: Path, options: dict, no_report: bool) -> list[str]:
+    """Say when this analysis replaces one made with other options (findings.json and
+    metrics.json hold the latest), and when report.md is left from an earlier one."""
+    from ..analyzers.findings import recorded_analysis
+    from ..traces.layout import RESULTS_DIR
+
+    notes = []
+    before = recorded_analysis(run_path)
+    if before is not None and before != options:
+        notes.append(f"results/findings.json and metrics.json held an analysis over "
+                     f"{_describe(before)}; now over {_describe(options)}")  # fmt: skip
+    report = Path(run_path) / RESULTS_DIR / "report.md"
+    if no_report and report.exists() and before != options:
+        notes.append("results/report.md is from an earlier analysis (--no-report left it): "
+                     "run analyze without --no-report to bring it up to date")  # fmt: skip
+    return notes
 
 
 def triage_of(run, slo=None, slo_file=None, full_run=False, repeat=None, baseline=None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import functools
 import os
 import sys
@@ -254,7 +253,10 @@ def run(
     out_dir: Annotated[
         Path | None,
         typer.Option(
-            "--out", "-o", help="Run directory [runs/<time>-<workload>].", show_default=False
+            "--out",
+            "-o",
+            help="Run directory [runs/RUN_ID, its name the run id].",
+            show_default=False,
         ),
     ] = None,
     like: Annotated[
@@ -399,8 +401,9 @@ def _parse_prefix(text: str, prefix_spec):
 
 
 def _default_out_dir(workload_name: str) -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-{Path(workload_name).stem}"
+    from ..traces.writer import new_run_id
+
+    return Path("runs") / new_run_id(Path(workload_name).stem)  # its name is its run id
 
 
 def _record(options, out_dir: Path, quiet: bool, http=None) -> None:

@@ -3,7 +3,6 @@ run of everything it serves (unless --no-record)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 import sys
 from pathlib import Path
@@ -97,7 +96,12 @@ def serve(
     seed: Annotated[int, _opt("--seed", panel=ENGINE, help="Sampler seed [0].")] = 0,
     out_dir: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Run directory [runs/<time>-serve].", show_default=False),
+        typer.Option(
+            "--out",
+            "-o",
+            help="Run directory [runs/RUN_ID-serve].",
+            show_default=False,
+        ),
     ] = None,
     no_record: Annotated[bool, typer.Option("--no-record", help="Serve without a run.")] = False,
 ) -> None:
@@ -124,8 +128,9 @@ def serve(
     if not no_record:
         from ..probes.server_probe import ServerRun
         from ..probes.session import _claim_directory
+        from ..traces.writer import new_run_id
 
-        out_dir = out_dir or Path("runs") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-serve"
+        out_dir = out_dir or Path("runs") / new_run_id("serve")  # its name is its run id
         created = _claim_directory(out_dir)
         run = ServerRun(out_dir, engine, config, ["perfdiag", *sys.argv[1:]])
     served = False

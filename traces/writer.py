@@ -24,6 +24,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import os
+import re
 import secrets
 import socket
 import sys
@@ -213,6 +214,23 @@ def _rows_to_batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:
     return batch.cast(schema) if batch.schema != schema else batch
 
 
+# A run id: the UTC second it began and 6 hex digits, then a label (the workload): a
+# directory named so (perfdiag run's default) is its run's id.
+RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}(-[A-Za-z0-9_.+=-]+)?")
+
+
+def new_run_id(label: str | None = None) -> str:
+    stamp = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+    clean = re.sub(r"[^A-Za-z0-9_.+=-]", "_", label) if label else ""
+    return f"{stamp}-{clean}" if clean else stamp
+
+
+def run_id_for(path: Path) -> str:
+    """The directory's name when it is a run id (so the id and the directory agree),
+    else a new id."""
+    return path.name if RUN_ID.fullmatch(path.name) else new_run_id()
+
+
 class RunWriter:
     """Writes one run directory. Use as a context manager or call `close(status)`."""
 
@@ -237,7 +255,7 @@ class RunWriter:
         self._manifest = Manifest(
             schema_version=SCHEMA_VERSION,
             perfdiag_version=__version__,
-            run_id=f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}",
+            run_id=run_id_for(self.path),
             created_at=utc_now_iso(),
             status=RUNNING,
             command=list(sys.argv if command is None else command),

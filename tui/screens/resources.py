@@ -40,10 +40,11 @@ class ResourcesScreen(TriageStepScreen):
     step = 4
     preparing_text = "building the timeline (busy/idle, overlap, GPU gaps)…"
     BINDINGS = [
-        Binding("left_square_bracket", "move(-1)", "◀ window"),
-        Binding("right_square_bracket", "move(1)", "window ▶"),
+        # short labels: at 80 columns the footer must still show q Quit
+        Binding("left_square_bracket", "move(-1)", "◀"),
+        Binding("right_square_bracket", "move(1)", "▶"),
         Binding("plus", "zoom(0.5)", "Zoom in"),
-        Binding("minus", "zoom(2)", "Zoom out"),
+        Binding("minus", "zoom(2)", "out"),
         Binding("w", "whole", "Whole run", show=False),
     ]
 
