@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..errors import ConfigError
 from .app import app, out
+from .fit import fit
 from .many_runs import ApiKey, Quiet, Target, set_flags
 from .signals import sigterm_as_interrupt
 
@@ -171,7 +172,7 @@ def print_capacity(result, sat, by: str, unit: str, out_dir: Path) -> None:
         t.add_row(f"{level.x:g}", level.decision + (" (unsure)" if level.forced else ""),
                   f"{level.attainment:.1%}", f"{lo:.1%}–{hi:.1%}", str(len(level.samples)),
                   f"{cause[0]} ({cause[2]}/{len(level.samples)})")  # fmt: skip
-    out.print(t)
+    out.print(fit(t, out))
     if sat is not None:
         out.print(f"saturation: {sat.requests_per_s:.2f} req/s with {sat.concurrency} clients "
                   f"in a closed loop (limit there: {sat.cause})", highlight=False)  # fmt: skip

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..errors import ConfigError
 from .app import app, out
+from .fit import fit
 from .many_runs import ApiKey, Quiet, Target, set_flags
 from .signals import sigterm_as_interrupt
 
@@ -144,18 +145,21 @@ def print_result(spec, result) -> None:
     from ..sweeps.spec import show
 
     table = result.table
-    t = Table(title=f"sweep {result.path}", title_justify="left")
+    t = Table(title=f"sweep {result.path} (latency in ms)", title_justify="left")
     axes = [a.flag for a in spec.axes]
     for a in spec.axes:
         t.add_column(a.label, justify="right")
     metrics = ["ttft_p99_ms", "itl_p99_ms", "output_tok_s"]
     if spec.slo:
         metrics.append("attainment")
-    heads = {"ttft_p99_ms": "TTFT p99 ms", "itl_p99_ms": "ITL p99 ms", "output_tok_s": "tok/s",
+    heads = {"ttft_p99_ms": "TTFT p99", "itl_p99_ms": "ITL p99", "output_tok_s": "tok/s",
              "attainment": "SLO met"}  # fmt: skip
     for m in metrics:
         t.add_column(heads[m], justify="right")
-    t.add_column("limiting cause (top finding)", min_width=16)
+    # a check id is one word: room for the longest, so it is neither cut nor split
+    longest = max((len(str(c)) for c in table.get("cause", [])), default=16)
+    t.add_column("limiting cause (top finding)", min_width=min(max(longest, 16), 32),
+                 overflow="fold")  # fmt: skip
     for _, r in table.iterrows():
         cells = [show(r[a]) for a in axes]
         for m in metrics:
@@ -164,7 +168,7 @@ def print_result(spec, result) -> None:
                          else f"{v:,.1f}")  # fmt: skip
         cells.append(str(r.get("cause", "")))
         t.add_row(*cells)
-    out.print(t)
+    out.print(fit(t, out))
     for s in result.summaries:
         out.print(f"• {s.text}", highlight=False)
     results = result.path / "results"

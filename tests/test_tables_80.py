@@ -80,3 +80,51 @@ def test_fit_leaves_out_columns_rather_than_cut_a_number():
     assert "74,074.068" in text and "12,345.678" in text  # kept numbers are whole
     # the empty column first, then the one asked for, then from the right
     assert "not shown at 80 columns: column 0, column 3, column 8, column 7" in text
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("inspect", "{a}"), ("analyze", "{a}", "--no-report"), ("doctor",),
+     ("timeline", "{b}", "--top", "30"), ("compare", "{b}", "{a}")],
+)  # fmt: skip
+def test_other_commands_at_80_columns(runs, monkeypatch, args):
+    a, b = runs
+    assert_fits(at_80(monkeypatch, *(x.format(a=a, b=b) for x in args)))
+
+
+def test_run_summary_at_80_columns(tmp_path):
+    cmd = [sys.executable, "-m", "perfdiag", "run", *TINY, "--out", str(tmp_path / "r")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                            env={**__import__("os").environ, "COLUMNS": "80"})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "TTFT p50 / p99" in result.stdout
+    assert_fits(result.stdout)
+
+
+def test_sweep_and_capacity_results_at_80_columns(monkeypatch):
+    from perfdiag.cli.capacity import print_capacity
+    from perfdiag.cli.sweep import print_result
+    from perfdiag.sweeps.capacity import Sample, search
+    from perfdiag.sweeps.runner import SweepResult
+    from perfdiag.sweeps.spec import from_command_line
+
+    monkeypatch.setattr(out, "width", 80)
+    spec = from_command_line(["preset=tiny"], ["chunk-size=32,off"], 2, "ttft=0.5", None, None)
+    import pandas as pd
+
+    table = pd.DataFrame({"chunk_size": [32, None], "repeats": 2, "ttft_p99_ms": [1761.83, 624.0],
+                          "itl_p99_ms": [52.71, 88.42], "output_tok_s": [78.2, 80.7],
+                          "attainment": [0.95, 1.0],
+                          "cause": ["chunk-too-small", "itl-prefill-interference"]})  # fmt: skip
+    with out.capture() as captured:
+        print_result(spec, SweepResult(__import__("pathlib").Path("sweeps/x"), table, [], [], True))
+
+        def measure(x, repeat):
+            good = 200 if x < 7 else 150
+            return Sample(200, good, "runs/r", "queue-dominates-ttft", "Queue wait is 80% of TTFT")
+
+        result = search(measure, 10.0)
+        print_capacity(result, None, "rate", "req/s", __import__("pathlib").Path("cap"))
+    text = captured.get()
+    assert "itl-prefill-interference" in text and "capacity:" in text
+    assert_fits(text)
