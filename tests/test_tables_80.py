@@ -38,7 +38,7 @@ def runs(tmp_path_factory):
 
 
 def at_80(monkeypatch, *args) -> str:
-    monkeypatch.setattr(out, "width", 80)
+    monkeypatch.setattr(out, "_width", 80)  # restored to None: the width stays dynamic
     result = CliRunner().invoke(cli_app, [*map(str, args)], terminal_width=80)
     assert result.exit_code == 0, result.output
     return result.stdout
@@ -108,7 +108,7 @@ def test_sweep_and_capacity_results_at_80_columns(monkeypatch):
     from perfdiag.sweeps.runner import SweepResult
     from perfdiag.sweeps.spec import from_command_line
 
-    monkeypatch.setattr(out, "width", 80)
+    monkeypatch.setattr(out, "_width", 80)  # restored to None: the width stays dynamic
     spec = from_command_line(["preset=tiny"], ["chunk-size=32,off"], 2, "ttft=0.5", None, None)
     import pandas as pd
 
