@@ -4,8 +4,9 @@ Rich shrinks a table that is too wide by cutting cells ("106.…", "[-15,606.2�
 prevents that: a cell that is a number ("1,220.049", "12.3 ms", "+3.11 (+156%)",
 "[-0.0224, +0.476]") sets its column's least width, so it never wraps or shrinks; text
 wraps between words (a word of up to WORD_MAX characters is kept whole), and a longer
-word folds onto the next line rather than losing its end. When the numbers alone do not
-fit, whole columns are left out, lowest priority first — columns with nothing in them
+word folds onto the next line at WORD_MAX rather than losing its end (nor squeezing its
+column to a few cells: that column is at least WORD_MAX wide). When the numbers alone do
+not fit, whole columns are left out, lowest priority first — columns with nothing in them
 (all zero or blank), then in the order the caller gives, then from the right — and the
 caption names what was left out.
 """
@@ -41,7 +42,8 @@ def fit(
         cells = [_plain(c).strip() for c in column._cells]
         numbers = [cell_len(c) for c in cells if _NUMBER.fullmatch(c)]
         words = [cell_len(w) for c in cells for w in c.split() if not _NUMBER.fullmatch(c)]
-        words = [w for w in words if w <= WORD_MAX]
+        # a longer word folds at WORD_MAX rather than leave its column a few cells wide
+        words = [min(w, WORD_MAX) for w in words]
         heading = [cell_len(w) for w in _plain(column.header).split()]
         column.min_width = max([*numbers, *words, *heading, 1])
         if numbers and len(numbers) == sum(1 for c in cells if c):
