@@ -14,21 +14,15 @@ from typing import Annotated
 import typer
 
 from .app import app, out
+from .triage_options import Baseline, FullRun, Playbook, Slo, SloFile
 
 
 @app.command()
 def analyze(
     run: Annotated[Path, typer.Argument(help="A run directory.")],
-    slo: Annotated[
-        str | None,
-        typer.Option(help="SLO targets for goodput, e.g. ttft=0.5,tpot=50ms (also itl, e2e)."),
-    ] = None,
-    slo_file: Annotated[
-        Path | None, typer.Option(help="SLO targets from a YAML file (ttft: 0.5, …).")
-    ] = None,
-    full_run: Annotated[
-        bool, typer.Option("--full-run", help="Metrics over the whole run, not the steady state.")
-    ] = False,
+    slo: Slo = None,
+    slo_file: SloFile = None,
+    full_run: FullRun = False,
     details: Annotated[
         bool, typer.Option("--details", help="Also print every analysis as tables.")
     ] = False,
@@ -43,12 +37,8 @@ def analyze(
         list[Path] | None,
         typer.Option(help="A repeat of this run's configuration (step 1 measures the noise)."),
     ] = None,
-    baseline: Annotated[
-        Path | None, typer.Option(help="A baseline run: steps 6 and 7 compare against it.")
-    ] = None,
-    playbook: Annotated[
-        Path | None, typer.Option(help="A triage playbook YAML instead of the built-in one.")
-    ] = None,
+    baseline: Baseline = None,
+    playbook: Playbook = None,
     no_report: Annotated[
         bool, typer.Option("--no-report", help="Do not write report.md and its figures.")
     ] = False,

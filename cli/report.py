@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from .app import app, out
+from .triage_options import Baseline, FullRun, Playbook, Slo, SloFile
 
 
 @app.command()
@@ -20,22 +21,11 @@ def report(
         Path | None,
         typer.Option("--out", "-o", help="Where to write it [RUN/results/report.html]."),
     ] = None,
-    slo: Annotated[
-        str | None,
-        typer.Option(help="SLO targets for goodput, e.g. ttft=0.5,tpot=50ms (also itl, e2e)."),
-    ] = None,
-    slo_file: Annotated[
-        Path | None, typer.Option(help="SLO targets from a YAML file (ttft: 0.5, …).")
-    ] = None,
-    full_run: Annotated[
-        bool, typer.Option("--full-run", help="Metrics over the whole run, not the steady state.")
-    ] = False,
-    baseline: Annotated[
-        Path | None, typer.Option(help="A baseline run: steps 6 and 7 compare against it.")
-    ] = None,
-    playbook: Annotated[
-        Path | None, typer.Option(help="A triage playbook YAML instead of the built-in one.")
-    ] = None,
+    slo: Slo = None,
+    slo_file: SloFile = None,
+    full_run: FullRun = False,
+    baseline: Baseline = None,
+    playbook: Playbook = None,
 ) -> None:
     """Write the run's triage and plots as one HTML file that opens offline."""
     from ..playbooks.html_report import write_html

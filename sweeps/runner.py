@@ -30,7 +30,7 @@ from ..analyzers.slo import parse_slo
 from ..errors import ConfigError
 from ..traces.manifest import COMPLETE
 from .measure import Measured, analyse, record, triage_point
-from .spec import Point, SweepSpec
+from .spec import Point, SweepSpec, show
 
 SPEC_FILE = "sweep.json"
 RUNS = "runs"
@@ -208,14 +208,8 @@ def _plain(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.copy()
     for c in frame.columns:
         if frame[c].dtype == object:
-            frame[c] = frame[c].map(lambda v: v if isinstance(v, str) else _text(v))
+            frame[c] = frame[c].map(lambda v: v if isinstance(v, str) else show(v))
     return frame
-
-
-def _text(v) -> str:
-    from .spec import show
-
-    return show(v)
 
 
 def _complete(run_dir: Path) -> bool:

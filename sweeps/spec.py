@@ -18,6 +18,7 @@ product) or a YAML file:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -136,14 +137,20 @@ def show(value: Any) -> str:
     return str(value)
 
 
+@functools.cache
+def _run_hints() -> dict:
+    """`perfdiag run`'s parameters with their Annotated types (read once)."""
+    from ..cli.run import run
+
+    return typing.get_type_hints(run, include_extras=True)
+
+
+@functools.cache
 @typing.no_type_check
 def flag_types() -> dict[str, type]:
     """Every `perfdiag run` flag a sweep may set, with its value's type."""
-    from ..cli.run import run
-
-    hints = typing.get_type_hints(run, include_extras=True)
     out = {}
-    for name, hint in hints.items():
+    for name, hint in _run_hints().items():
         if name in NOT_SWEEPABLE or name == "return":
             continue
         kind = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
@@ -153,14 +160,14 @@ def flag_types() -> dict[str, type]:
     return out
 
 
+@functools.cache
 @typing.no_type_check
 def engine_flags() -> frozenset[str]:
     """The run flags that configure engine_ref (its help panel): a server's own."""
-    from ..cli.run import ENGINE, run
+    from ..cli.run import ENGINE
 
-    hints = typing.get_type_hints(run, include_extras=True)
     out = set()
-    for name, hint in hints.items():
+    for name, hint in _run_hints().items():
         for meta in getattr(hint, "__metadata__", ()):
             if getattr(meta, "rich_help_panel", None) == ENGINE:
                 out.add(name)

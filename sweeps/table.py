@@ -65,9 +65,10 @@ def points_table(
         usable = [m for m in repeats if m.usable]
         out: dict[str, Any] = {**values, "repeats": len(usable)}
         if usable:
+            measured = [row(m) for m in usable]
             out.update(_latency(usable, rng))
-            out.update(_per_run([row(m) for m in usable]))
-            out.update(_cause([row(m) for m in usable]))
+            out.update(_per_run(measured))
+            out.update(_cause(measured))
         rows.append(out)
     return pd.DataFrame(rows)
 

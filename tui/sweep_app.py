@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError
+from ..sweeps.spec import show
 from .app import PerfdiagApp
 
 
@@ -40,12 +41,6 @@ class SweepData:
     def summary_lines(self) -> list[str]:
         return [s["text"] for s in self.series]
 
-    @staticmethod
-    def show(value) -> str:
-        from ..sweeps.spec import show
-
-        return show(value)
-
     def run_of(self, point_row: int) -> Path | None:
         """The first complete repeat of a point (by its row in the points table)."""
         if self.runs.empty:
@@ -53,7 +48,7 @@ class SweepData:
         point = self.points.iloc[point_row]
         match = pd.Series(True, index=self.runs.index)
         for a in self.axes:
-            match &= self.runs[a].map(self.show) == self.show(point[a])
+            match &= self.runs[a].map(show) == show(point[a])
         rows = self.runs[match & (self.runs["status"] == "complete")]
         return self.runs_dir / rows.iloc[0]["run"] if len(rows) else None
 

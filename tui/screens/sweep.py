@@ -12,6 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Static
 
+from ...sweeps.spec import show
 from .. import fmt
 from ..widgets.charts import Chart, columns
 
@@ -64,7 +65,7 @@ class SweepScreen(Screen):
         chart = columns(values, cell * n, 5)
         labels = Text()
         for x in p[self.sweep.axis]:
-            labels.append(fmt.clip(self.sweep.show(x), cell - 1).center(cell))
+            labels.append(fmt.clip(show(x), cell - 1).center(cell))
         tops = Text()
         for v in values:
             tops.append(fmt.clip(unit(v), cell - 1).center(cell), style="dim")
@@ -78,7 +79,7 @@ class SweepScreen(Screen):
                  and s.points[c].notna().any()]  # fmt: skip
         t.add_columns(*[a.replace("_", "-") for a in axes], *[n for _, n, _ in shown], "cause")
         for i, r in s.points.iterrows():
-            cells = [s.show(r[a]) for a in axes]
+            cells = [show(r[a]) for a in axes]
             for c, _, unit in shown:
                 v = r[c]
                 cells.append(fmt.DASH if pd.isna(v) else fmt.pct(v) if unit == "%"
