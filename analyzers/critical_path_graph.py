@@ -1,0 +1,401 @@
+"""The dependency graph of one rank's trace, for the critical path (critical_path.py).
+
+Every CPU segment (the innermost op on a thread, between its children) and every GPU op
+has a start node and an end node, at their observed times. An edge p → n says n could
+not happen before p plus the edge's weight; each node has at most three predecessors:
+
+- a thread's previous segment (the host gap between them), or, when the thread sat idle
+  while another thread of its process worked, that thread's last segment to end in the
+  gap (it waited for it: autograd's backward thread, a join);
+- a segment's or op's own start (its duration);
+- a GPU op's previous op on its stream (kernel-to-kernel gap) and its launch call (launch
+  latency), or, when it started later than both allow, the last op to end on another
+  stream of its device (an event wait);
+- a synchronising call's end: the last GPU op on its device to end inside the call.
+
+The edge a node waited on last is its *binding* edge and weighs exactly the observed
+gap; every other edge weighs at most its observed gap (a typical gap of the rank's own).
+So a replay (`replay`) of the unchanged graph reproduces every observed time, and a
+replay with some weights scaled tells what the trace would have taken under the model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .intervals import union
+from .spans import CLASS_CODE, GPU_CLASSES, category_mask, cls_mask, pattern_mask
+
+# Edge kinds: what a segment of the path spent its time on.
+DUR_CPU, DUR_API, DUR_GPU, HOST_GAP, THREAD_WAIT, LAUNCH, GPU_GAP, STREAM_WAIT, SYNC, START = range(
+    10
+)
+KIND_NAMES = ("cpu", "cuda_api", "gpu", "host_gap", "thread_wait", "launch", "gpu_gap",
+              "stream_wait", "sync", "start")  # fmt: skip
+HOST_BUSY_FRACTION = 0.5  # as gaps.py: another thread busy this much of a gap → a wait
+_SYNC_CALL = re.compile(
+    r"(?i)synchroni[sz]e|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
+)
+
+
+@dataclass
+class Graph:
+    """One rank's graph. Activities 0..n_cpu-1 are CPU segments, then the GPU ops; node
+    2a is activity a's start, 2a+1 its end; the last node is the source (trace start)."""
+
+    time: np.ndarray  # observed ns, per node
+    preds: np.ndarray  # (nodes, 3) predecessor node, -1 for none
+    weights: np.ndarray  # (nodes, 3) edge weight ns
+    kinds: np.ndarray  # (nodes, 3) edge kind
+    binding: np.ndarray  # per node: which of its three edges it waited on (-1: source)
+    name: np.ndarray  # per activity: op or kernel name (object)
+    cls: np.ndarray  # per activity: breakdown class code
+    resource: np.ndarray  # per activity: "pid P tid T" or "gpu D stream S" (object)
+    n_cpu: int
+    order: np.ndarray  # the nodes in a topological order
+
+    @property
+    def source(self) -> int:
+        return len(self.time) - 1
+
+    @property
+    def n_activities(self) -> int:
+        return len(self.name)
+
+
+def build(df: pd.DataFrame) -> Graph:
+    """The graph of one rank's spans (a frame from `spans.prepare`, one rank only)."""
+    seg = _cpu_segments(df)
+    gpu = _gpu_ops(df)
+    n_cpu, n_gpu = len(seg), len(gpu)
+    n_act = n_cpu + n_gpu
+    t0 = int(min(seg["start"].min() if n_cpu else np.iinfo(np.int64).max,
+                 gpu["start"].min() if n_gpu else np.iinfo(np.int64).max))  # fmt: skip
+    src = 2 * n_act
+    time = np.empty(src + 1, np.int64)
+    starts = np.r_[seg["start"].to_numpy(np.int64), gpu["start"].to_numpy(np.int64)]
+    ends = np.r_[seg["end"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)]
+    time[0:src:2], time[1:src:2], time[src] = starts, ends, t0
+    preds = np.full((src + 1, 3), -1, np.int64)
+    weights = np.zeros((src + 1, 3), np.int64)
+    kinds = np.full((src + 1, 3), START, np.int8)
+
+    # Durations: every activity's end waits on its own start.
+    act = np.arange(n_act)
+    cls = np.r_[seg["cls"].to_numpy(np.int8), gpu["cls"].to_numpy(np.int8)]
+    preds[2 * act + 1, 0] = 2 * act
+    weights[2 * act + 1, 0] = ends - starts
+    dur_kind = np.where(act < n_cpu, DUR_CPU, DUR_GPU)
+    dur_kind[:n_cpu][cls[:n_cpu] == CLASS_CODE["runtime"]] = DUR_API
+    kinds[2 * act + 1, 0] = dur_kind
+
+    _thread_edges(seg, time, preds, kinds, src)
+    _gpu_edges(df, seg, gpu, n_cpu, time, preds, kinds, src)
+    _sync_edges(seg, gpu, n_cpu, preds, kinds)
+
+    binding = _binding(time, preds, kinds)
+    _settle_weights(time, preds, weights, kinds, binding)
+    name = np.r_[seg["name"].to_numpy(object), gpu["name"].to_numpy(object)]
+    resource = np.r_[seg["resource"].to_numpy(object), gpu["resource"].to_numpy(object)]
+    return Graph(time, preds, weights, kinds, binding, name, cls, resource, n_cpu,
+                 _topological(time, preds))  # fmt: skip
+
+
+def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
+    """Each thread's time cut where its innermost recorded op changes: a segment belongs
+    to the innermost op, so nested ops are counted once (self time)."""
+    mask = ~df["on_gpu"].to_numpy() & cls_mask(df, "cpu", "runtime", "comm")
+    mask &= df["end_ns"].to_numpy() >= df["start_ns"].to_numpy()
+    rows = np.flatnonzero(mask)
+    cols: dict[str, list] = {"thread": [], "start": [], "end": [], "span": []}
+    if len(rows):
+        pid = df["pid"].astype("float64").fillna(-1).to_numpy()[rows]
+        tid = df["tid"].astype("float64").fillna(-1).to_numpy()[rows]
+        s, e = df["start_ns"].to_numpy(np.int64)[rows], df["end_ns"].to_numpy(np.int64)[rows]
+        order = np.lexsort((-e, s, tid, pid))
+        keys = list(zip(pid[order].tolist(), tid[order].tolist(), strict=True))
+        _flatten(keys, s[order].tolist(), e[order].tolist(), rows[order].tolist(), cols)
+    seg = pd.DataFrame(cols)
+    if not len(seg):
+        return pd.DataFrame({"thread": pd.Series(dtype="int64"), "start": pd.Series(dtype="int64"),
+                             "end": pd.Series(dtype="int64"), "span": pd.Series(dtype="int64"),
+                             "name": pd.Series(dtype=object), "cls": pd.Series(dtype="int8"),
+                             "resource": pd.Series(dtype=object), "sync": pd.Series(dtype=bool),
+                             "pid": pd.Series(dtype="float64")})  # fmt: skip
+    pos = seg["span"].to_numpy()
+    seg["name"] = df["name"].to_numpy(object)[pos]
+    seg["cls"] = df["cls"].to_numpy()[pos]
+    seg["pid"] = df["pid"].astype("float64").fillna(-1).to_numpy()[pos]
+    p = df["pid"].astype("Int64").astype(str).to_numpy()[pos].astype(object)
+    t = df["tid"].astype("Int64").astype(str).to_numpy()[pos].astype(object)
+    seg["resource"] = "pid " + p + " tid " + t
+    sync = cls_mask(df, "runtime") & pattern_mask(df["name"], _SYNC_CALL)
+    sync &= ~category_mask(df["name"], ["Stream Wait Event"])
+    seg["sync"] = sync[pos]
+    return seg
+
+
+def _flatten(keys, s, e, span, cols) -> None:
+    """Segments of the innermost open span, with a stack per thread (spans sorted by
+    thread, start, longest first). A span that outlives its parent is cut at the
+    parent's end (imported traces are not always well nested)."""
+    stack: list[tuple[int, int]] = []  # (end, span row)
+    thread, code, cursor = None, -1, 0
+    for i, key in enumerate(keys):
+        si = s[i]
+        if key != thread:
+            while stack:  # the previous thread's open spans, innermost first
+                end, row = stack.pop()
+                if end > cursor:
+                    _emit(cols, code, cursor, end, row)
+                    cursor = end
+            thread, code, cursor = key, code + 1, si
+        while stack and stack[-1][0] <= si:  # spans that ended before this one starts
+            end, row = stack.pop()
+            if end > cursor:
+                _emit(cols, code, cursor, end, row)
+                cursor = end
+        if stack and si > cursor:  # the enclosing span ran until this child began
+            _emit(cols, code, cursor, si, stack[-1][1])
+        cursor = max(cursor, si)
+        stack.append((min(e[i], stack[-1][0]) if stack else e[i], span[i]))
+    while stack:
+        end, row = stack.pop()
+        if end > cursor:
+            _emit(cols, code, cursor, end, row)
+            cursor = end
+
+
+def _emit(cols, thread: int, start: int, end: int, row: int) -> None:
+    cols["thread"].append(thread)
+    cols["start"].append(start)
+    cols["end"].append(end)
+    cols["span"].append(row)
+
+
+def _gpu_ops(df: pd.DataFrame) -> pd.DataFrame:
+    on = np.flatnonzero(df["on_gpu"].to_numpy() & cls_mask(df, *GPU_CLASSES))
+    f = pd.DataFrame(
+        {
+            "start": df["start_ns"].to_numpy(np.int64)[on],
+            "end": df["end_ns"].to_numpy(np.int64)[on],
+            "name": df["name"].to_numpy(object)[on],
+            "cls": df["cls"].to_numpy()[on],
+            "device": df["device"].astype("float64").fillna(-1).to_numpy()[on],
+            "stream": df["stream"].astype("float64").fillna(-1).to_numpy()[on],
+            "correlation": df["correlation"].astype("float64").to_numpy()[on],
+        }
+    )
+    f = f.sort_values(["device", "stream", "start"], kind="stable", ignore_index=True)
+    d = f["device"].astype("int64").astype(str).to_numpy(object)
+    s = f["stream"].astype("int64").astype(str).to_numpy(object)
+    f["resource"] = "gpu " + d + " stream " + s
+    return f
+
+
+def _thread_edges(seg, time, preds, kinds, src) -> None:
+    """Each segment waits on its thread's previous one; a gap during which other
+    threads of the process were busy waits on the last of their segments to end in it."""
+    n = len(seg)
+    if not n:
+        return
+    thread = seg["thread"].to_numpy()
+    s, e = seg["start"].to_numpy(np.int64), seg["end"].to_numpy(np.int64)
+    node = 2 * np.arange(n)
+    first = np.r_[True, thread[1:] != thread[:-1]]
+    preds[node, 0] = np.where(first, src, node - 1)
+    kinds[node, 0] = np.where(first, START, HOST_GAP)
+    gap_from = np.where(first, time[src], np.r_[0, e[:-1]])
+    pid = seg["pid"].to_numpy()
+    for p in np.unique(pid):
+        mine = pid == p
+        if len(np.unique(thread[mine])) < 2:
+            continue
+        for t in np.unique(thread[mine]):
+            me = np.flatnonzero(mine & (thread == t))
+            other = np.flatnonzero(mine & (thread != t))
+            lo, hi = gap_from[me], s[me]
+            has_gap = hi > lo
+            if not has_gap.any():
+                continue
+            by_end = other[np.argsort(e[other], kind="stable")]
+            ends = e[by_end]
+            k = np.searchsorted(ends, hi, side="right") - 1
+            ok = has_gap & (k >= 0)
+            ok[ok] &= ends[k[ok]] > lo[ok]
+            busy = union(s[other], e[other]).coverage().between(lo, hi)
+            ok &= busy >= HOST_BUSY_FRACTION * np.maximum(hi - lo, 1)
+            waits = me[ok]
+            preds[2 * waits, 1] = 2 * by_end[k[ok]] + 1
+            kinds[2 * waits, 1] = THREAD_WAIT
+
+
+def _gpu_edges(df, seg, gpu, n_cpu, time, preds, kinds, src) -> None:
+    """Each GPU op waits on its stream's previous op and on its launch call; one that
+    started later than both allow waits on the last op to end on another stream."""
+    m = len(gpu)
+    if not m:
+        return
+    node = 2 * (n_cpu + np.arange(m))
+    key = gpu["device"].to_numpy() * 1e9 + gpu["stream"].to_numpy()
+    first = np.r_[True, key[1:] != key[:-1]]
+    preds[node, 0] = np.where(first, src, node - 1)
+    kinds[node, 0] = np.where(first, START, GPU_GAP)
+    launch = _launch_segments(df, seg, gpu)
+    linked = launch >= 0
+    preds[node[linked], 1] = 2 * launch[linked]
+    kinds[node[linked], 1] = LAUNCH
+    # Event waits: the op started after both its stream and its launch (plus the rank's
+    # typical launch latency) allowed; the op that ended last on another stream of the
+    # device before it started is what it waited for.
+    start = gpu["start"].to_numpy(np.int64)
+    ready_stream = time[preds[node, 0]]
+    ready_launch = np.where(linked, time[np.maximum(preds[node, 1], 0)], np.iinfo(np.int64).min)
+    launch_bound = linked & (ready_launch >= ready_stream)
+    latency = start[launch_bound] - ready_launch[launch_bound]
+    typical = int(np.median(latency)) if len(latency) else 0
+    ready = np.maximum(ready_stream, np.where(linked, ready_launch + typical, ready_stream))
+    late = start > ready
+    if not late.any():
+        return
+    end = gpu["end"].to_numpy(np.int64)
+    dev = gpu["device"].to_numpy()
+    for d in np.unique(dev[late]):
+        on_dev = np.flatnonzero(dev == d)
+        if len(np.unique(key[on_dev])) < 2:
+            continue
+        by_end = on_dev[np.argsort(end[on_dev], kind="stable")]
+        ends = end[by_end]
+        for j in np.flatnonzero(late & (dev == d)):
+            k = np.searchsorted(ends, start[j], side="right") - 1
+            while k >= 0 and key[by_end[k]] == key[j]:
+                k -= 1  # the op's own stream is its stream edge
+            if k >= 0 and ends[k] > ready[j]:
+                preds[node[j], 2] = 2 * (n_cpu + by_end[k]) + 1
+                kinds[node[j], 2] = STREAM_WAIT
+
+
+def _launch_segments(df, seg, gpu) -> np.ndarray:
+    """Per GPU op, the CPU segment where its launch call begins (-1: no launch)."""
+    out = np.full(len(gpu), -1, np.int64)
+    corr = gpu["correlation"].to_numpy()
+    if not len(seg) or np.isnan(corr).all():
+        return out
+    calls = seg[(seg["cls"].to_numpy() == CLASS_CODE["runtime"])]
+    calls = calls.drop_duplicates("span")  # a call's first segment: where it begins
+    if not len(calls):
+        return out
+    c = df["correlation"].astype("float64").to_numpy()[calls["span"].to_numpy()]
+    keep = ~np.isnan(c)
+    by_corr = pd.Series(calls.index.to_numpy()[keep], index=c[keep])
+    by_corr = by_corr[~by_corr.index.duplicated(keep="first")]
+    hit = by_corr.reindex(corr).to_numpy()
+    ok = ~np.isnan(hit)
+    out[ok] = hit[ok].astype(np.int64)
+    return out
+
+
+def _sync_edges(seg, gpu, n_cpu, preds, kinds) -> None:
+    """A synchronising call ends after the last GPU op that ended inside it."""
+    if not len(seg) or not len(gpu) or not seg["sync"].any():
+        return
+    calls = np.flatnonzero(seg["sync"].to_numpy())
+    end = gpu["end"].to_numpy(np.int64)
+    by_end = np.argsort(end, kind="stable")
+    ends = end[by_end]
+    s, e = seg["start"].to_numpy(np.int64)[calls], seg["end"].to_numpy(np.int64)[calls]
+    k = np.searchsorted(ends, e, side="right") - 1
+    ok = k >= 0
+    ok[ok] &= ends[k[ok]] > s[ok]
+    node = 2 * calls[ok] + 1
+    preds[node, 1] = 2 * (n_cpu + by_end[k[ok]]) + 1
+    kinds[node, 1] = SYNC
+
+
+def _binding(time, preds, kinds) -> np.ndarray:
+    """Per node, the predecessor it waited on last (ties: its own chain, column 0)."""
+    has = preds >= 0
+    at = np.where(has, time[np.maximum(preds, 0)], np.iinfo(np.int64).min)
+    binding = np.argmax(at, axis=1)
+    binding[~has.any(axis=1)] = -1
+    # A tie with the trace's start goes to the real edge (a launch at the first instant).
+    rows = np.arange(len(time))
+    chosen = at[rows, np.maximum(binding, 0)]
+    real = has & (kinds != START) & (at == chosen[:, None])
+    tie = (binding >= 0) & (kinds[rows, np.maximum(binding, 0)] == START) & real.any(axis=1)
+    binding[tie] = np.argmax(real[tie], axis=1)
+    return binding
+
+
+def _settle_weights(time, preds, weights, kinds, binding) -> None:
+    """Binding edges weigh the observed gap; the others at most their observed gap: a
+    stream or launch edge the rank's typical (median binding) gap of its kind, a sync
+    call's own duration its return latency, a thread's own gap while it was woken by
+    another the rank's typical host gap."""
+    has = preds >= 0
+    observed = np.where(has, time[:, None] - time[np.maximum(preds, 0)], 0)
+    observed = np.maximum(observed, 0)
+    rows = np.arange(len(time))
+    bound = np.zeros_like(has)
+    ok = binding >= 0
+    bound[rows[ok], binding[ok]] = True
+    weights[:] = np.where(bound, observed, weights)
+    for kind in (GPU_GAP, LAUNCH, HOST_GAP):
+        of_kind = kinds == kind
+        typical = observed[of_kind & bound]
+        if not len(typical) and kind == LAUNCH:
+            typical = observed[of_kind & has]
+        t = int(np.median(typical)) if len(typical) else 0
+        loose = of_kind & has & ~bound
+        weights[loose] = np.minimum(observed[loose], t)
+    weights[(kinds == START) & has & ~bound] = 0  # the trace's start holds back no one
+    loose = has & ~bound & ~np.isin(kinds, (GPU_GAP, LAUNCH, HOST_GAP, START))
+    # a duration edge (a sync call waited out by the GPU): at most the call's return
+    # latency, i.e. what it took after the GPU was done
+    ret = np.where(bound, observed, 0).max(axis=1)
+    dur = loose & np.isin(kinds, (DUR_CPU, DUR_API))
+    weights[dur] = np.minimum(observed[dur], np.broadcast_to(ret[:, None], observed.shape)[dur])
+    rest = loose & ~dur
+    weights[rest] = observed[rest]
+
+
+def _topological(time, preds) -> np.ndarray:
+    """Nodes in time order, ties broken by the depth of chains of equal-time edges (a
+    zero-length segment's start and end, a segment starting where the last ended)."""
+    depth = np.zeros(len(time), np.int64)
+    has = preds >= 0
+    p = np.maximum(preds, 0)
+    same = has & (time[p] == time[:, None])
+    for _ in range(len(time)):
+        new = np.where(same, depth[p] + 1, 0).max(axis=1)
+        new = np.maximum(new, 0)
+        if np.array_equal(new, depth):
+            break
+        depth = new
+    return np.lexsort((depth, time))
+
+
+def replay(g: Graph, weights: np.ndarray | None = None) -> np.ndarray:
+    """Every node's time under the graph's model with these edge weights: the latest
+    of its predecessors' times plus the edges' weights (the source keeps its time)."""
+    w = g.weights if weights is None else weights
+    p0, p1, p2 = (g.preds[:, i].tolist() for i in range(3))
+    w0, w1, w2 = (w[:, i].tolist() for i in range(3))
+    t = g.time.tolist()
+    src = g.source
+    for n in g.order.tolist():
+        if n == src:
+            continue
+        best = t[p0[n]] + w0[n]
+        a = p1[n]
+        if a >= 0 and t[a] + w1[n] > best:
+            best = t[a] + w1[n]
+        a = p2[n]
+        if a >= 0 and t[a] + w2[n] > best:
+            best = t[a] + w2[n]
+        t[n] = best
+    return np.asarray(t, np.int64)
