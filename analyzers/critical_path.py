@@ -19,7 +19,7 @@ import pandas as pd
 
 from . import critical_path_graph as cg
 from .intervals import union
-from .spans import CLASSES
+from .spans import CLASSES, GPU_CLASSES, cls_mask
 
 # What each part of the path is, in the order tables show them.
 KINDS = ("cpu", "cuda_api", "host_gap", "thread_wait", "launch", "kernel", "memcpy",
@@ -56,9 +56,12 @@ class CriticalPath:
 def critical_path(df: pd.DataFrame, wins: pd.DataFrame, what_ifs: int = WHAT_IFS) -> CriticalPath:
     """The critical path of every rank over its analysis windows (`timeline.windows`),
     from a spans frame prepared by `spans.prepare`."""
-    parts = {"segments": [], "items": [], "ranks": []}
+    parts = {"segments": [], "items": [], "ranks": [], "windows": []}
     for rank, w in wins.groupby("rank_key", sort=True):
         sub = df[df["rank_key"].to_numpy() == rank]
+        w = _traced(w, sub)
+        if not len(w):
+            continue
         lo, hi = int(w["start_ns"].min()), int(w["end_ns"].max())
         in_range = (sub["end_ns"].to_numpy() > lo) & (sub["start_ns"].to_numpy() < hi)
         if not in_range.any():
@@ -71,6 +74,7 @@ def critical_path(df: pd.DataFrame, wins: pd.DataFrame, what_ifs: int = WHAT_IFS
             continue
         segs.insert(0, "rank_key", int(rank))
         parts["segments"].append(segs)
+        parts["windows"].append(w)
         items = _items(segs)
         parts["items"].append(_what_ifs(g, items, sink, len(w), what_ifs))
         parts["ranks"].append(
@@ -82,11 +86,34 @@ def critical_path(df: pd.DataFrame, wins: pd.DataFrame, what_ifs: int = WHAT_IFS
     return CriticalPath(
         segments=segments,
         by_kind=_by_kind(segments),
-        windows=_windows(segments, wins),
+        windows=_windows(segments, _concat(parts["windows"], list(wins.columns))),
         items=_concat(parts["items"], ["rank_key", "kind", "name", "path_ns", "share", "pieces",
                                        "what_if", "saved_ns", "saved_per_window_ns"]),
         ranks=pd.DataFrame(parts["ranks"]),
     )  # fmt: skip
+
+
+def run_critical_path(run, what_ifs: int = WHAT_IFS) -> CriticalPath:
+    """The critical path of a run (recorded or imported) over its analysis windows."""
+    from .spans import timeline_spans
+    from .timeline import windows
+
+    df = timeline_spans(run)
+    return critical_path(df, windows(df, run.steps), what_ifs)
+
+
+def _traced(w: pd.DataFrame, sub: pd.DataFrame) -> pd.DataFrame:
+    """The windows the GPU worked in, when the rank has GPU work: a serving run's engine
+    steps cover the whole run, its GPU spans only the profiled steps."""
+    on_gpu = sub["on_gpu"].to_numpy() & cls_mask(sub, *GPU_CLASSES)
+    if not on_gpu.any():
+        return w
+    lo, hi = (
+        int(sub["start_ns"].to_numpy()[on_gpu].min()),
+        int(sub["end_ns"].to_numpy()[on_gpu].max()),
+    )
+    keep = (w["end_ns"].to_numpy() > lo) & (w["start_ns"].to_numpy() < hi)
+    return w[keep]
 
 
 def _walk(g: cg.Graph, lo: int, hi: int) -> tuple[pd.DataFrame, int]:
@@ -155,7 +182,10 @@ def _items(segs: pd.DataFrame) -> pd.DataFrame:
 def _what_ifs(g: cg.Graph, items: pd.DataFrame, sink: int, windows: int, top: int):
     """Replay the graph with each of the heaviest items halved (a sync removed)."""
     items = items.assign(what_if="", saved_ns=pd.array([pd.NA] * len(items), dtype="Int64"))
-    base = int(cg.replay(g)[sink])
+    # The range ends with its last event, whichever chain it is on: a replay is judged
+    # by its new last event (removing a sync does not make the GPU's work end sooner).
+    in_range = g.time <= g.time[sink]
+    base = int(g.time[sink])
     act_kind = _activity_kinds(g)
     done = 0
     for i, row in items.iterrows():
@@ -166,7 +196,7 @@ def _what_ifs(g: cg.Graph, items: pd.DataFrame, sink: int, windows: int, top: in
             continue
         what = "removed" if row["kind"] == "sync" else "halved"
         items.at[i, "what_if"] = what
-        items.at[i, "saved_ns"] = max(0, base - int(cg.replay(g, w)[sink]))
+        items.at[i, "saved_ns"] = max(0, base - int(cg.replay(g, w)[in_range].max()))
         done += 1
     items["saved_per_window_ns"] = (items["saved_ns"].astype("Float64") / max(windows, 1)).round()
     items["saved_per_window_ns"] = items["saved_per_window_ns"].astype("Int64")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
+from ..analyzers.names import short_name
 from ..analyzers.trace_diff import TraceDiff
 from .app import out
 from .fit import fit
@@ -20,27 +21,7 @@ _SIDE_TITLE = {
 
 
 def _short(name: str, limit: int = NAME_MAX) -> str:
-    """A kernel's name for a table: no `void `, template and argument lists elided."""
-    if len(name) > limit:
-        name = _elide(name.removeprefix("void "))
-    return name if len(name) <= limit else name[: limit - 1] + "…"
-
-
-def _elide(name: str) -> str:
-    """`f<float, 4>(int, x)` → `f<…>(…)`: nested brackets dropped, their place kept."""
-    out, depth = [], 0
-    for ch in name:
-        if ch in "<(":
-            if depth == 0:
-                out.append(ch + "…")
-            depth += 1
-        elif ch in ">)" and depth:
-            depth -= 1
-            if depth == 0:
-                out.append(ch)
-        elif depth == 0:
-            out.append(ch)
-    return "".join(out)
+    return short_name(name, limit)
 
 
 def _ms(ns: float) -> str:

@@ -48,6 +48,14 @@ def timeline(
             "'NVIDIA A100-SXM4-80GB') instead of the device the run recorded."
         ),
     ] = None,
+    critical: Annotated[
+        bool,
+        typer.Option(
+            "--critical-path/--no-critical-path",
+            help="The critical path through the steps and what shortening its ops would save "
+            "(a replay of the trace per op: about a second per 100k events).",
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Where the time went: CPU, GPU, copies, communication and idle, step by step."""
@@ -62,10 +70,13 @@ def timeline(
     loaded = load_run(run)
     rep = timeline_report(loaded)
     roof = _roofline(loaded, ceilings_dir, hardware)
+    cp = _critical_path(loaded) if critical and rep.gpu_ops else None
     if as_json:
         data = {name: _records(frame) for name, frame in rep.frames().items() if name != "gaps"}
         data["kernels_linked"] = rep.kernels_linked
         data["roofline"] = roof.to_dict()
+        if cp is not None:
+            data["critical_path"] = {k: _records(f) for k, f in cp.frames().items()}
         print_json(data)
         return
     parts = [f"{c}_ns" for c in CLASSES] + ["idle_ns"]
@@ -175,6 +186,8 @@ def timeline(
                 _us(row["queue_max_ns"]),
             )
         out.print(fit(t, out))
+    if cp is not None and len(cp.segments):
+        print_critical_path(cp)
     for title, frame, key in (
         ("kernel classes", rep.kernel_classes, "kernel_class"),
         (f"top {top} kernels", rep.kernels.head(top), "name"),
@@ -213,6 +226,40 @@ def timeline(
         out.print(fit(t, out))
 
     _print_roofline(roof)
+
+
+def _critical_path(run):
+    from ..analyzers.critical_path import run_critical_path
+
+    return run_critical_path(run)
+
+
+def print_critical_path(cp) -> None:
+    """The path by kind, then the ops that weigh most on it with what shortening each
+    saves in a replay of the trace."""
+    from rich.markup import escape
+
+    from ..analyzers.names import short_name
+
+    steps = max(int(cp.ranks["windows"].sum()), 1)
+    k = cp.by_kind
+    t = Table("rank", "kind", "class", "ms", "per step ms", "share %",
+              title=f"critical path ({steps} steps; the chain the steps waited on)")  # fmt: skip
+    for _, row in k.iterrows():
+        t.add_row(_rank(row["rank_key"]), row["kind"], row["bound"], _ms(row["path_ns"]),
+                  _ms(row["path_ns"] / steps), f"{100 * row['share']:.1f}")  # fmt: skip
+    out.print(fit(t, out))
+    items = cp.items[cp.items["saved_ns"].notna()]
+    if not len(items):
+        return
+    t = Table("kind", "on the critical path", "path ms", "share %", "times", "if",
+              "saves ms/step", title="the heaviest ops on the critical path, and what "
+              "shortening each would save (a replay of the trace)")  # fmt: skip
+    for _, row in items.iterrows():
+        t.add_row(row["kind"], escape(short_name(row["name"], 60)), _ms(row["path_ns"]),
+                  f"{100 * row['share']:.1f}", f"{row['pieces']:,}", row["what_if"],
+                  _ms(float(row["saved_ns"]) / steps))  # fmt: skip
+    out.print(fit(t, out))
 
 
 def _profiled_steps(run) -> tuple[int, int] | None:

@@ -53,6 +53,7 @@ FACT_MEASURES: dict[str, Measure] = {
     "host_share": Measure("engine busy time on the host", "%"),
     "preemption_rate": Measure("preemptions per request"),
     "kv_full_share": Measure("steps waiting on a full KV pool", "%"),
+    "critical_path": Measure("traced time the biggest lever on the critical path would save", "%"),
     "gpu_idle_share": Measure("traced time the GPU idles {cause}", "%"),
     "exposed_share": Measure("traced time in {what} without compute beside it", "%"),
     "rank_imbalance": Measure("less work on the idlest rank than the busiest", "%"),

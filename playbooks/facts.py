@@ -85,6 +85,7 @@ def fact(name: str, provides: tuple[str, ...] = (), **params: Param):
 def load_registry() -> dict[str, FactSpec]:
     from . import (  # noqa: F401
         facts_compare,
+        facts_critical_path,
         facts_gate,
         facts_host,
         facts_latency,
@@ -187,6 +188,16 @@ class TriageContext:
         from ..analyzers.report import timeline_report
 
         return timeline_report(self.run)
+
+    @cached_property
+    def critical_path(self):
+        """The critical path through the traced steps, or None without GPU work."""
+        tl = self.timeline
+        if tl is None or not tl.gpu_ops:
+            return None
+        from ..analyzers.critical_path import run_critical_path
+
+        return run_critical_path(self.run)
 
 
 # -- helpers for fact modules ----------------------------------------------------------------
