@@ -164,7 +164,7 @@ def _describe(g: cg.Graph, kind, act, pred_act):
     waits = np.isin(kind, (cg.THREAD_WAIT, cg.STREAM_WAIT))
     name[waits] = "after " + g.resource[pred_act[waits]] + ": " + g.name[pred_act[waits]]
     gaps = np.isin(kind, (cg.HOST_GAP, cg.GPU_GAP))
-    name[gaps] = g.resource[act[gaps]]
+    name[gaps] = "gaps on " + g.resource[act[gaps]]
     name[kind == cg.START] = "trace start"
     return (label, name), g.resource[act]
 
@@ -230,7 +230,7 @@ def _scaled(g: cg.Graph, act_kind: np.ndarray, kind: str, name: str) -> np.ndarr
         w[sel] //= 2
     elif kind in ("gpu_gap", "host_gap"):
         edge = cg.GPU_GAP if kind == "gpu_gap" else cg.HOST_GAP
-        sel = (g.kinds == edge) & (g.resource[node_act][:, None] == name)
+        sel = (g.kinds == edge) & (("gaps on " + g.resource[node_act])[:, None] == name)
         w[sel] //= 2
     else:
         return None

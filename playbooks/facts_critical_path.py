@@ -23,12 +23,12 @@ _ADVICE = {
     "allocations and streams, capture launches in a CUDA graph.",
     "launch": "Launches are on the path: capture the step in a CUDA graph "
     '(torch.compile mode="reduce-overhead") so one launch replaces many.',
-    "gpu_gap": "Kernels wait on each other on {name}: fuse the short ones (torch.compile) "
+    "gpu_gap": "Kernels wait on each other ({name}): fuse the short ones (torch.compile) "
     "or use a CUDA graph to cut the kernel-to-kernel gaps.",
     "sync": "Remove the synchronisation {name} from the step (.item(), .cpu(), .tolist(), "
     "blocking copies): the host waits for the GPU there.",
-    "host_gap": "The host thread {name} runs untraced work between ops (Python, "
-    "waits): profile it with a Python sampler (py-spy) or with_stack=True.",
+    "host_gap": "The host runs untraced work between ops ({name}: Python, waits): "
+    "profile it with a Python sampler (py-spy) or with_stack=True.",
     "thread_wait": "A thread waits for another ({name}): overlap them or split the work.",
 }
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from kineto_traces import synced_steps_trace
 
 from perfdiag.analyzers import critical_path_graph as cg
 from perfdiag.analyzers.critical_path import critical_path
@@ -177,38 +178,12 @@ def test_real_traces_replay_and_tile(name, tmp_path, cli):
     assert len(halved) and (halved["saved_ns"] <= halved["path_ns"] // 2 + halved["pieces"]).all()
 
 
-def _synced_steps_trace(path):
-    """Three ProfilerSteps of 420 µs: host prep 0–100, a launch 100–105, the 300 µs gemm
-    110–410, and aten::item 104–415 around a cudaStreamSynchronize 105–412."""
-    import json
-
-    t0, cpu, gpu = 1_700_000_000_000_000, {"pid": 100, "tid": 100}, {"pid": 0, "tid": 7}
-    events = []
-    for k in range(3):
-        b = t0 + 420 * k
-
-        def x(name, cat, start, dur, where=cpu, b=b, **args):
-            events.append({"ph": "X", "cat": cat, "name": name, **where, "ts": b + start,
-                           "dur": dur, "args": args})  # fmt: skip
-
-        x(f"ProfilerStep#{k}", "user_annotation", 0, 420)
-        x("prep", "cpu_op", 0, 100)
-        x("cudaLaunchKernel", "cuda_runtime", 100, 5, correlation=k + 1)
-        x("gemm", "kernel", 110, 300, where=gpu, correlation=k + 1, device=0, stream=7)
-        x("aten::item", "cpu_op", 104, 311)
-        x("cudaStreamSynchronize", "cuda_runtime", 105, 307)
-    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
-           "traceEvents": events}  # fmt: skip
-    path.write_text(json.dumps(doc))
-    return path
-
-
 def test_timeline_and_findings_show_the_critical_path(tmp_path, cli):
     """Halving the gemm shortens every step by 150 µs (the sync returns 2 µs after it);
     that is the biggest lever, named in the finding and in `timeline`."""
     import json
 
-    trace = _synced_steps_trace(tmp_path / "t.json")
+    trace = synced_steps_trace(tmp_path / "t.json")
     assert cli("import", trace, "-o", tmp_path / "run").returncode == 0
     text = cli("timeline", tmp_path / "run").stdout
     assert "critical path (3 steps" in text and "heaviest ops on the critical path" in text

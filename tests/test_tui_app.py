@@ -59,7 +59,7 @@ async def test_open_run_findings_evidence_request_and_back(runs):
         assert isinstance(app.screen, OverviewScreen)
         assert "host-bound" in text_of(app.screen.query_one("#headline"))
         findings = app.screen.query_one("#findings", DataTable)
-        assert app.focused is findings and findings.row_count == 5
+        assert app.focused is findings and findings.row_count == 6  # with critical-path (info)
         # the fourth finding: requests queue; its evidence names the requests
         await pilot.press("down", "down", "down", "enter")
         await settle(app, pilot)
@@ -329,7 +329,7 @@ async def test_overview_before_the_analysis_and_keys_meanwhile(runs, monkeypatch
         assert app.screen.query("#checks")  # … and fills in when it is done
         await pilot.press("escape")
         await settle(app, pilot)
-        assert app.screen.query_one("#findings", DataTable).row_count == 5
+        assert app.screen.query_one("#findings", DataTable).row_count == 6
         assert not app.screen.query("#progress")
 
 

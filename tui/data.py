@@ -122,6 +122,19 @@ class RunData:
         return report_from_spans(self.spans, self.run.steps)
 
     @cached_property
+    def critical_path(self):
+        """The critical path through the traced steps, or None without GPU work. Shared
+        with the triage's facts when they built it."""
+        if self.ctx is not None and self.ctx.__dict__.get("critical_path") is not None:
+            return self.ctx.critical_path
+        tl = self.timeline
+        if tl is None or not tl.gpu_ops:
+            return None
+        from ..analyzers.critical_path import critical_path
+
+        return critical_path(self.spans, tl.windows)
+
+    @cached_property
     def roofline(self):
         from ..analyzers.roofline import roofline_report
 

@@ -1,5 +1,5 @@
 """The explorer's screens, one module each; `screen_for(name, app)` maps a key's target
-(requests, steps, roofline, compare, step0 … step7) to a new screen on the app's run."""
+(requests, steps, roofline, compare, trace_diff, step0 … step7) to a new screen on the app's run."""
 
 from __future__ import annotations
 
@@ -25,6 +25,13 @@ def screen_for(name: str, app):
         from .compare import CompareScreen
 
         return CompareScreen(data)
+    if name == "trace_diff":
+        if app.comparison is None or app.comparison.trace is None:
+            app.notify("no trace diff: give two runs that hold spans (a profiler window)")
+            return None
+        from .trace_diff import TraceDiffScreen
+
+        return TraceDiffScreen(data)
     if name.startswith("step"):
         return step_screen(int(name[4:]), data)
     return None

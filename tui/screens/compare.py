@@ -8,17 +8,30 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
+from ...analyzers.names import short_name
 from ...playbooks.triage_view import triage_view
 from .. import fmt
 from ..style import SEVERITY_STYLE, VERDICT_STYLE
 from .base import RunScreen
+from .trace_diff import STATUS_STYLE
 
 
 class CompareScreen(RunScreen):
     name_text = "comparison (steps 6–7)"
+    BINDINGS = [Binding("d", "trace_diff", "Trace diff")]
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action == "trace_diff":  # shown, and works, when both runs hold spans
+            c = self.comparison
+            return c is not None and c.trace is not None
+        return True
+
+    def action_trace_diff(self) -> None:
+        self.app.action_open("trace_diff")
 
     @property
     def comparison(self):
@@ -45,6 +58,8 @@ class CompareScreen(RunScreen):
         with VerticalScroll(id="compare"):
             yield Static(Text(f"A {c.run_a} ({a.identity.path})\nB {c.run_b} ({b.identity.path})"),
                          id="compare-head")  # fmt: skip
+            if c.trace is not None:
+                yield Static(trace_summary(c.trace), id="trace-summary")
             yield Static(variables(c.diff), id="variables")
             yield Static(deltas(c.deltas), id="deltas")
             yield Static(correctness_text(c.correctness), id="correctness")
@@ -63,6 +78,21 @@ class CompareScreen(RunScreen):
         from .request import RequestScreen
 
         self.app.push_screen(RequestScreen(self.app.datasets[1], str(event.row_key.value)))
+
+
+def trace_summary(trace) -> Text:
+    """The trace diff's biggest changes, first (d opens the whole diff)."""
+    changed = trace.changed()
+    t = Text("trace diff (per step): ", style="bold")
+    if not len(changed):
+        t.append("no op or kernel changed", style="dim")
+    for i, r in enumerate(changed.head(4).itertuples()):
+        t.append(", " if i else "")
+        t.append(f"{short_name(r.name, 36)} {r.status}", style=STATUS_STYLE.get(r.status, ""))
+        t.append(f" ({r.time_delta_ns / 1e6:+,.3f} ms)")
+    t.append(f"\n{len(changed)} ops changed of {len(trace.ops)} · d: the whole trace diff",
+             style="dim")  # fmt: skip
+    return t
 
 
 def variables(diff) -> Group:

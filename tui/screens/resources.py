@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Label, Static
 
+from ...analyzers.names import short_name
 from .. import fmt
 from ..data_resources import GAP_CHAR, build_lanes, window_breakdown
 from ..widgets.charts import Chart, legend, stacked_bar
@@ -51,6 +52,7 @@ class ResourcesScreen(TriageStepScreen):
     def prepare(self) -> None:
         self.data.memo("lanes", build_lanes)
         _ = self.data.timeline
+        _ = self.data.critical_path
 
     def evidence(self) -> ComposeResult:
         lanes = self.data.memo("lanes", build_lanes)
@@ -67,6 +69,9 @@ class ResourcesScreen(TriageStepScreen):
             yield Static(resources_table(tl), id="resources")
             if len(tl.gap_summary):
                 yield Static(gaps_table(tl), id="gaps")
+        cp = self.data.critical_path
+        if cp is not None and len(cp.segments):
+            yield Static(critical_path_table(cp), id="critical-path")
 
     def draw_breakdown(self, width: int) -> Text:
         parts = list(window_breakdown(self.data, *self.window).items())
@@ -135,4 +140,20 @@ def gaps_table(tl) -> Table:
     for g in tl.gap_summary.itertuples():
         t.add_row(str(g.cause).replace("_", " "), f"{g.gaps:,}", fmt.ms_ns(g.total_ns),
                   fmt.ms_ns(g.mean_ns), fmt.ms_ns(g.p99_ns), fmt.ms_ns(g.max_ns))  # fmt: skip
+    return t
+
+
+def critical_path_table(cp) -> Table:
+    """The critical path's make-up, then its biggest levers: what halving each op (a
+    sync: removing it) saves per step in a replay of the trace."""
+    steps = max(int(cp.ranks["windows"].sum()), 1)
+    total = float(cp.by_kind["path_ns"].sum())
+    t = Table(f"critical path ({steps} steps)", "per step", "share", "if", "saves/step",
+              box=None, header_style="bold dim", padding=(0, 1))  # fmt: skip
+    for bound, ns in cp.bound().items():
+        t.add_row(str(bound), fmt.ms_ns(ns / steps), fmt.pct(ns / total if total else 0), "", "")
+    for r in cp.items[cp.items["saved_ns"].notna()].head(5).itertuples():
+        t.add_row(Text(f"{r.kind}: {short_name(r.name, 40)}", style="cyan"),
+                  fmt.ms_ns(r.path_ns / steps), fmt.pct(r.share), r.what_if,
+                  fmt.ms_ns(float(r.saved_ns) / steps))  # fmt: skip
     return t
