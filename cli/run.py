@@ -129,6 +129,14 @@ def run(
         bool,
         _opt("--cuda-graphs", panel=ENGINE, help="Replay decode steps from CUDA graphs."),
     ] = False,
+    tp: Annotated[
+        int | None,
+        _opt(
+            "--tp",
+            panel=ENGINE,
+            help="Tensor-parallel ranks: one process each, gloo on the CPU, NCCL on CUDA [1].",
+        ),
+    ] = None,
     # workload
     workload: Annotated[
         str | None,
@@ -306,6 +314,7 @@ def build_options(flags: dict):
         "seed": g("seed"), "kernel_backend": g("kernel_backend"),
         "cuda_graphs": True if g("cuda_graphs") else None, "model_seed": g("model_seed"),
         "weights": g("weights"), "model_file": str(model_file) if model_file else None,
+        "tp": g("tp"),
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
     if g("no_chunked_prefill"):

@@ -243,6 +243,8 @@ class EngineConfig:
     # kernels); a batch above the largest, or a size whose capture failed, runs eagerly.
     cuda_graphs: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    # Tensor parallelism (parallel.py): one process per rank, heads and MLP columns split.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.max_model_len == 0:
@@ -279,6 +281,8 @@ class EngineConfig:
             f"max_model_len {self.max_model_len} must be in "
             f"[2, {self.model.max_position_embeddings}]",
         )
+        if self.tensor_parallel_size != 1:
+            self._check_tensor_parallel()
         sched = self.scheduler
         if not sched.enable_chunked_prefill:
             # Without chunking a whole prompt must fit one step's budget.
@@ -288,6 +292,22 @@ class EngineConfig:
                 f"({sched.max_num_batched_tokens}) must be >= max_model_len "
                 f"({self.max_model_len})",
             )
+
+    def _check_tensor_parallel(self) -> None:
+        tp, m = self.tensor_parallel_size, self.model
+        _require(1 <= tp <= 64, f"tensor_parallel_size must be within [1, 64], got {tp}")
+        for name in ("num_heads", "num_kv_heads", "intermediate_size"):
+            _require(
+                getattr(m, name) % tp == 0,
+                f"tensor parallelism {tp} needs the model's {name} ({getattr(m, name)}) to be "
+                f"a multiple of it",
+            )
+        _require(self.weight_format == "float", "tensor parallelism needs float weights")
+        _require(
+            self.resolved_kernel_backend == "torch" and not self.cuda_graphs,
+            "tensor parallelism runs the torch kernels only (--kernel-backend torch, no CUDA "
+            "graphs) for now",
+        )
 
     @property
     def resolved_kernel_backend(self) -> str:

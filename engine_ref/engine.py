@@ -72,6 +72,20 @@ def build_model(config: EngineConfig) -> LlamaModel:
     return model
 
 
+def local_kv_blocks(config: EngineConfig) -> tuple[int, int]:
+    """Device and CPU blocks of one rank's pool: `kv_cache_bytes` per rank, each rank
+    holding its share of the KV heads (all of them without tensor parallelism)."""
+    cc, mcfg = config.cache, config.model
+    if config.tensor_parallel_size > 1:
+        from .parallel import local_model_config
+
+        mcfg = local_model_config(mcfg, config.tensor_parallel_size)
+    num_blocks = cc.num_gpu_blocks or num_blocks_for_bytes(
+        mcfg, cc.block_size, config.dtype, cc.kv_cache_bytes
+    )
+    return num_blocks, num_blocks if cc.num_cpu_blocks is None else cc.num_cpu_blocks
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -85,12 +99,14 @@ class LLMEngine:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {config.device!r} requested but CUDA is not available")
         mcfg, cc = config.model, config.cache
-        self.model = build_model(config)
-        num_blocks = cc.num_gpu_blocks or num_blocks_for_bytes(
-            mcfg, cc.block_size, config.dtype, cc.kv_cache_bytes
-        )
-        num_cpu = num_blocks if cc.num_cpu_blocks is None else cc.num_cpu_blocks
-        self.kv_cache = KVCache(mcfg, num_blocks, cc.block_size, num_cpu, device, config.dtype)
+        self.tp = None  # parallel.TensorParallel: the worker ranks, when there are any
+        num_blocks, num_cpu = local_kv_blocks(config)
+        if config.tensor_parallel_size > 1:
+            self._start_tensor_parallel(num_blocks, num_cpu)
+        else:
+            self.model = build_model(config)
+            self.kv_cache = KVCache(mcfg, num_blocks, cc.block_size, num_cpu, device,
+                                    config.dtype)  # fmt: skip
         self.block_manager = BlockManager(
             num_blocks,
             cc.block_size,
@@ -107,12 +123,18 @@ class LLMEngine:
             config.max_wait_ns,
             self.watermark_blocks,
         )
-        self.runner = ModelRunner(
+        runner_cls, extra = ModelRunner, {}
+        if self.tp is not None:
+            from .parallel import TPModelRunner
+
+            runner_cls, extra = TPModelRunner, {"tp": self.tp}
+        self.runner = runner_cls(
             self.model,
             self.kv_cache,
             cc.block_size,
             Sampler(device, config.seed),
             guard=self.block_manager if cc.check_ownership else None,
+            **extra,
         )
         if config.cuda_graphs:
             from .cuda_graphs import DecodeGraphs
@@ -138,6 +160,35 @@ class LLMEngine:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._step_id = 0
+
+    def _start_tensor_parallel(self, num_blocks: int, num_cpu: int) -> None:
+        from .parallel import TensorParallel, TPKVCache, local_model_config, shard_model
+
+        config = self.config
+        tp = config.tensor_parallel_size
+        self.tp = TensorParallel(config)
+        try:
+            self.model = build_model(config)
+            shard_model(self.model, 0, tp, self.tp.comm)
+            self.kv_cache = TPKVCache(
+                local_model_config(config.model, tp), num_blocks, config.cache.block_size,
+                num_cpu, torch.device(config.device), config.dtype,
+            )  # fmt: skip
+        except BaseException:
+            self.tp.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (their last records go to the observer);
+        nothing to do in a single process. Idempotent."""
+        if self.tp is not None:
+            self.tp.close(self.observer)
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @classmethod
     def from_pretrained(cls, model_dir: str, observer: EngineObserver | None = None, **kw):
@@ -311,6 +362,8 @@ class LLMEngine:
                 if obs is not None:
                     t2 = time.monotonic_ns()
                     obs.on_phase(PhaseEvent(step_id, StepPhase.PREPARE, t1, t2))
+                if self.tp is not None:
+                    self.runner.step_id = step_id
                 logits = self.runner.forward(inp)
                 if obs is not None:
                     t3 = time.monotonic_ns()
@@ -341,6 +394,12 @@ class LLMEngine:
                         sched.blocked_by,
                     )
                 )
+                if self.tp is not None:
+                    colls, rank_steps = self.tp.take_records()
+                    obs.on_collectives(colls)
+                    obs.on_rank_steps(rank_steps)
+            elif self.tp is not None:
+                self.tp.comm.take()  # nobody records: keep no history
             return outputs
 
     def _kv_and_queue_counts(self) -> tuple[int, ...]:

@@ -90,8 +90,38 @@ class StepEvent(NamedTuple):
     blocked_by: str = ""  # what held back the requests still waiting (scheduler.BLOCKED_BY)
 
 
+class CollectiveEvent(NamedTuple):
+    """One collective on one rank (tensor parallelism), on rank 0's clock. `seq` numbers
+    the step's collectives in call order: the same seq on every rank is one collective."""
+
+    rank: int
+    step_id: int
+    name: str  # all_reduce
+    group: str  # tp
+    nbytes: int  # the tensor each rank contributes
+    start_ns: int
+    end_ns: int
+    seq: int
+
+
+class RankStepEvent(NamedTuple):
+    """A worker rank's forward of one step, on rank 0's clock."""
+
+    rank: int
+    step_id: int
+    start_ns: int
+    end_ns: int
+
+
 class EngineObserver:
     """Base class with no-op methods: subclass and override what you record."""
+
+    def on_collectives(self, events: list[CollectiveEvent]) -> None:
+        """Tensor parallelism: collectives of every rank, after each step (workers' arrive
+        a step or so late) and at `close`."""
+
+    def on_rank_steps(self, events: list[RankStepEvent]) -> None:
+        """Tensor parallelism: the workers' forwards, delivered like `on_collectives`."""
 
     def on_request(self, event: RequestEvent) -> None:
         pass

@@ -91,6 +91,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.scale = cfg.head_dim**-0.5
         self.backend = BACKENDS[backend]
+        self.comm = None  # tensor parallelism (parallel.py): sums o_proj's partial outputs
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata):
         t = x.shape[0]
@@ -101,7 +102,8 @@ class Attention(nn.Module):
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         o = self.backend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj.forward(o.reshape(t, self.q_size))
+        out = self.o_proj.forward(o.reshape(t, self.q_size))
+        return out if self.comm is None else self.comm.all_reduce(out)
 
 
 class MLP(nn.Module):
@@ -109,10 +111,12 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.comm = None  # tensor parallelism (parallel.py): sums down_proj's partial outputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.forward(x).chunk(2, dim=-1)
-        return self.down_proj.forward(F.silu(gate) * up)
+        out = self.down_proj.forward(F.silu(gate) * up)
+        return out if self.comm is None else self.comm.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):

@@ -10,6 +10,7 @@ samples when the step computes its last known token.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -21,6 +22,20 @@ from .request import Request
 from .sampler import Sampler
 
 
+class StepPlan(NamedTuple):
+    """A step's batch as plain lists: what `build` turns into tensors. Tensor-parallel
+    workers receive it from rank 0 (parallel.py) and build the same tensors."""
+
+    ids: list[int]
+    pos: list[int]
+    slots: list[int]
+    decode_tables: list[list[int]]  # used blocks of each decode
+    decode_ctx: list[int]
+    prefills: list[tuple[int, int, int, int, list[int]]]  # offset, start, end, n, used blocks
+    sample_idx: list[int]
+    num_context: int
+
+
 @dataclass
 class ModelInput:
     input_ids: torch.Tensor
@@ -30,6 +45,7 @@ class ModelInput:
     sample_idx: torch.Tensor  # index of the last token of each request that samples
     sample_reqs: list[Request]
     num_context_tokens: int
+    plan: StepPlan | None = None
 
 
 class ModelRunner:
@@ -55,7 +71,7 @@ class ModelRunner:
         self.graphs = None  # cuda_graphs.DecodeGraphs: replays decode-only steps
 
     def prepare(self, scheduled: list[tuple[Request, int]]) -> ModelInput:
-        bs, dev = self.block_size, self.device
+        bs = self.block_size
         batch = [x for x in scheduled if x[1] == 1] + [x for x in scheduled if x[1] > 1]
         ids: list[int] = []
         pos: list[int] = []
@@ -64,8 +80,7 @@ class ModelRunner:
         sample_reqs: list[Request] = []
         decode_tables: list[list[int]] = []
         decode_ctx: list[int] = []
-        prefills: list[PrefillSlice] = []
-        prefill_rows: list[tuple[list[int], int, int]] = []  # blocks, new tokens, context
+        prefills: list[tuple[int, int, int, int, list[int]]] = []
         num_context = 0
         for r, n in batch:
             start, end, bt = r.num_computed_tokens, r.num_computed_tokens + n, r.block_table
@@ -80,19 +95,29 @@ class ModelRunner:
                 decode_tables.append(used)
                 decode_ctx.append(end)
             else:
-                mask = None
-                if start:  # queries at start.. attend to keys 0..their own position
-                    q = torch.arange(start, end, device=dev)[:, None]
-                    mask = torch.arange(end, device=dev)[None, :] <= q
-                ids_t = torch.tensor(used, dtype=torch.long, device=dev)
-                prefills.append(PrefillSlice(offset, offset + n, end, ids_t, mask))
-                prefill_rows.append((used, n, end))
+                prefills.append((offset, start, end, n, used))
             if end == r.num_tokens:
                 sample_idx.append(offset + n - 1)
                 sample_reqs.append(r)
             if self.guard is not None:
                 self.guard.check_access(r.request_id, used, {s // bs for s in new_slots})
                 self.guard.pin(used)
+        plan = StepPlan(ids, pos, slots, decode_tables, decode_ctx, prefills, sample_idx,
+                        num_context)  # fmt: skip
+        return self.build(plan, batch, sample_reqs)
+
+    def build(self, plan: StepPlan, batch=None, sample_reqs=None) -> ModelInput:
+        """The step's tensors on this runner's device, from its plan."""
+        bs, dev = self.block_size, self.device
+        decode_tables, decode_ctx = plan.decode_tables, plan.decode_ctx
+        prefills: list[PrefillSlice] = []
+        for offset, start, end, n, used in plan.prefills:
+            mask = None
+            if start:  # queries at start.. attend to keys 0..their own position
+                q = torch.arange(start, end, device=dev)[:, None]
+                mask = torch.arange(end, device=dev)[None, :] <= q
+            ids_t = torch.tensor(used, dtype=torch.long, device=dev)
+            prefills.append(PrefillSlice(offset, offset + n, end, ids_t, mask))
         tables = ctx_mask = None
         if decode_tables:
             width = max(len(t) for t in decode_tables)
@@ -103,7 +128,7 @@ class ModelRunner:
                 ctx = torch.tensor(decode_ctx, device=dev)
                 ctx_mask = torch.arange(width * bs, device=dev)[None, :] < ctx[:, None]
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(plan.slots, dtype=torch.long, device=dev),
             num_decode=len(decode_tables),
             decode_block_tables=tables,
             decode_mask=ctx_mask,
@@ -114,18 +139,19 @@ class ModelRunner:
             from .kernels.backend import build_kernel_meta
 
             meta.kernel = build_kernel_meta(
-                decode_tables, decode_ctx, [r[0] for r in prefill_rows],
-                [r[1] for r in prefill_rows], [r[2] for r in prefill_rows], dev,
+                decode_tables, decode_ctx, [r[4] for r in plan.prefills],
+                [r[3] for r in plan.prefills], [r[2] for r in plan.prefills], dev,
                 self.model.config.num_kv_heads, self.num_sms,
             )  # fmt: skip
         return ModelInput(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(pos, dtype=torch.long, device=dev),
+            input_ids=torch.tensor(plan.ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(plan.pos, dtype=torch.long, device=dev),
             meta=meta,
-            batch=batch,
-            sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=dev),
-            sample_reqs=sample_reqs,
-            num_context_tokens=num_context,
+            batch=[] if batch is None else batch,
+            sample_idx=torch.tensor(plan.sample_idx, dtype=torch.long, device=dev),
+            sample_reqs=[] if sample_reqs is None else sample_reqs,
+            num_context_tokens=plan.num_context,
+            plan=plan,
         )
 
     @torch.inference_mode()

@@ -4,7 +4,7 @@ Counters written (name, scope):
   cpu_util_pct (cpuN)            per logical core, since the previous sample
   cpu_steal_pct (host)           time the hypervisor gave the machine's cores to others
   procs_running (host)           runnable threads on the machine now (Linux /proc/stat)
-  process_cpu_pct, process_rss_bytes (process)
+  process_cpu_pct, process_rss_bytes (process)   CPU: the engine's tensor-parallel workers too
   gpu_util_pct, gpu_mem_util_pct, gpu_mem_used_bytes, sm_clock_mhz, power_w,
   pcie_tx_bytes_per_s, pcie_rx_bytes_per_s (gpuN)
 NVML's "GPU utilisation" is the fraction of time any kernel ran, not compute utilisation
@@ -27,12 +27,14 @@ MIN_PERIOD_S = 0.01
 
 class DeviceSampler:
     def __init__(self, append: Callable[[tuple], None], period_s: float = 0.2,
-                 gpus: bool = True):  # fmt: skip
+                 gpus: bool = True, worker_pids: tuple[int, ...] = ()):  # fmt: skip
         if period_s < MIN_PERIOD_S:
             raise ConfigError(f"sampling period must be >= {MIN_PERIOD_S} s, got {period_s}")
         self._append = append
         self.period_s = period_s
         self._process = psutil.Process()
+        # Tensor-parallel workers are the engine too: their CPU counts as the process's.
+        self._workers = [psutil.Process(pid) for pid in worker_pids]
         self._nvml = _Nvml() if gpus else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="perfdiag-sampler", daemon=True)
@@ -47,6 +49,8 @@ class DeviceSampler:
         psutil.cpu_percent(percpu=True)
         psutil.cpu_times_percent()
         self._process.cpu_percent()
+        for w in self._workers:
+            w.cpu_percent()
         self._thread.start()
         return self
 
@@ -76,7 +80,11 @@ class DeviceSampler:
         if running is not None:
             add(("procs_running", ts, float(running), "host"))
         with self._process.oneshot():
-            add(("process_cpu_pct", ts, float(self._process.cpu_percent()), "process"))
+            cpu = self._process.cpu_percent()
+            for w in self._workers:
+                with contextlib.suppress(psutil.Error):
+                    cpu += w.cpu_percent()
+            add(("process_cpu_pct", ts, float(cpu), "process"))
             add(("process_rss_bytes", ts, float(self._process.memory_info().rss), "process"))
         if self._nvml:
             for name, value, scope in self._nvml.sample():

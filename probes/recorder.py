@@ -14,8 +14,10 @@ import threading
 
 from ..engine_ref.hooks import (
     NO_STEP,
+    CollectiveEvent,
     EngineObserver,
     PhaseEvent,
+    RankStepEvent,
     RequestEvent,
     RequestEventKind,
     StepBegin,
@@ -96,6 +98,21 @@ class RunRecorder(EngineObserver):
                     e.kv_blocks_cached, gpu_time_ns, self._rank, e.num_cached_tokens,
                     e.cpu_blocks_used, cpu_ns, switches, e.blocked_by or None))  # fmt: skip
         self.steps_recorded += 1
+
+    def on_collectives(self, events: list[CollectiveEvent]) -> None:
+        # Tensor parallelism: every rank's collectives, on rank 0's clock (the run's clock).
+        span = self._span
+        for e in events:
+            span((e.name, "comm", e.start_ns, e.end_ns - e.start_ns, None, None, None, None,
+                  e.rank, e.step_id, None, None, e.nbytes,
+                  f'{{"group": "{e.group}", "seq": {e.seq}}}'))  # fmt: skip
+
+    def on_rank_steps(self, events: list[RankStepEvent]) -> None:
+        # A worker rank's forward of a step (rank 0's forward is its "forward" phase).
+        span = self._span
+        for e in events:
+            span(("tp_forward", "python", e.start_ns, e.end_ns - e.start_ns, None, None, None,
+                  None, e.rank, e.step_id, None, None, None, None))  # fmt: skip
 
     def on_close(self) -> None:
         if self._window is not None:

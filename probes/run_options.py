@@ -40,6 +40,7 @@ class EngineOptions:
     model_seed: int = 0  # a preset's random weights (another seed: another model)
     model_file: str | None = None  # a GGUF file (llama.cpp's format) instead of a preset
     weights: str = "float"  # float, or q4_1 / q8_0 kept packed (weight-only quantisation)
+    tp: int = 1  # tensor-parallel ranks (processes), engine_ref/parallel.py
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
@@ -103,6 +104,7 @@ class EngineOptions:
             weight_format=self.weights,
             kernel_backend=self.kernel_backend,
             cuda_graphs=self.cuda_graphs,
+            tensor_parallel_size=self.tp,
         )
 
 

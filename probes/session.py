@@ -54,11 +54,14 @@ def record_run(
     the manifest's `config.faults` says so."""
     out_dir = Path(out_dir)
     created = _claim_directory(out_dir)
+    engine = None
     try:
         engine = _build_engine(options)
         planned = plan(options.workload, engine.config.model.vocab_size)
         check_workload_fits(planned, engine)
     except BaseException:
+        if engine is not None:
+            engine.close()
         if created:
             with contextlib.suppress(OSError):
                 out_dir.rmdir()
@@ -71,6 +74,7 @@ def record_run(
             "engine_config": dataclasses.asdict(engine.config),
             "num_kv_blocks": engine.block_manager.num_blocks,
             **({"faults": faults.to_dict()} if faults is not None and faults.active else {}),
+            **({"parallel": engine.tp.info()} if engine.tp is not None else {}),
         },
         environment_info=environment.fingerprint(deep=True),
     )
@@ -91,14 +95,18 @@ def record_run(
             step_timer = triton_probe  # it wraps the CUDA timer: launches know their step
         recorder = RunRecorder(
             writer,
+            rank=0 if engine.tp is not None else None,
             step_timer=step_timer,
             window=window,
             decode=engine.tokenizer.decode if options.probes.record_text else None,
         )
         engine.observer = faults.wrap(recorder) if faults is not None else recorder
         if options.probes.device_sampling:
-            sampler = DeviceSampler(writer.table("counters").append,
-                                    options.probes.sample_period_s).start()  # fmt: skip
+            workers = tuple(engine.tp.pids) if engine.tp is not None else ()
+            sampler = DeviceSampler(
+                writer.table("counters").append, options.probes.sample_period_s,
+                worker_pids=workers,
+            ).start()  # fmt: skip
         progress = Progress(total=len(planned))
         asyncio.run(_drive(engine, planned, options, progress, on_progress, progress_interval_s,
                            writer))  # fmt: skip
@@ -110,6 +118,7 @@ def record_run(
         if writer.failure is None:
             raise
     finally:
+        engine.close()  # tensor parallelism: workers stop, their last records land
         engine.observer = None
         gc_probe.detach()
         if triton_probe is not None:
