@@ -146,6 +146,10 @@ def _walk(g: cg.Graph, lo: int, hi: int) -> tuple[pd.DataFrame, int]:
         {"start_ns": start, "end_ns": end, "dur_ns": end - start, "kind": names[0],
          "name": names[1], "resource": resource}
     )  # fmt: skip
+    head = int(start[0] - lo) if len(start) else 0
+    if head > 0:  # the window opens before the path's first event (an annotation's start)
+        f.loc[-1] = [lo, int(start[0]), head, "start", "before the first event", ""]
+        f = f.sort_index()
     tail = int(hi - g.time[sink])
     if tail > 0:  # the window outlasts its last event (a step annotation still open)
         f.loc[len(f)] = [int(g.time[sink]), hi, tail, "host_gap", "after the last event", ""]

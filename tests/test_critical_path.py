@@ -169,8 +169,11 @@ def test_real_traces_replay_and_tile(name, tmp_path, cli):
     cp = critical_path(df, wins)
     r = cp.ranks.iloc[0]
     lo, hi = int(wins["start_ns"].min()), int(wins["end_ns"].max())
-    # the path tiles the analysed time up to its last event
-    assert r["path_ns"] <= hi - lo
+    # the path tiles the analysed time: its parts add up to the wall time, per step too
+    assert r["path_ns"] == hi - lo
+    w = cp.windows
+    parts = [c for c in w.columns if c.endswith("_ns") and c != "wall_ns"]
+    assert (w[parts].sum(axis=1) == w["wall_ns"]).all()
     s = cp.segments
     assert (s["start_ns"].to_numpy()[1:] == s["end_ns"].to_numpy()[:-1]).all()
     # halving what lies on the path saves at most half its time there (max-plus model)
