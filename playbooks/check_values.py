@@ -58,6 +58,9 @@ FACT_MEASURES: dict[str, Measure] = {
     "exposed_share": Measure("traced time in {what} without compute beside it", "%"),
     "rank_imbalance": Measure("less work on the idlest rank than the busiest", "%"),
     "ranks": Measure("ranks"),
+    "comm_share": Measure("step time inside collectives", "%"),
+    "collective_wait": Measure("collective time waiting for the last rank", "%"),
+    "tp_scaling": Measure("speed per computed token against the baseline", "×"),
     # step 5
     "prefix_reuse_missed": Measure("prompt tokens recomputed that the cache could serve", "%"),
     "cache_hits": Measure("prompt tokens served by the prefix cache", "%"),

@@ -90,6 +90,7 @@ def load_registry() -> dict[str, FactSpec]:
         facts_host,
         facts_latency,
         facts_load,
+        facts_parallel,
         facts_resources,
         facts_scheduling,
     )

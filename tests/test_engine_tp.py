@@ -169,3 +169,37 @@ def test_workers_die_with_rank0(sig):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_tp_run_records_every_rank(cli, tmp_path):
+    """`perfdiag run --tp 2`: the run holds both ranks' collectives with their bytes, the
+    workers' forwards and the clock alignment."""
+    from perfdiag import load_run
+    from perfdiag.analyzers import collectives
+
+    out = tmp_path / "run"
+    args = ("--preset", "tiny", "-n", "3", "--prompt-len", "12", "--output-len", "4",
+            "--no-device-sampling")  # fmt: skip
+    result = cli("run", *args, "--tp", "2", "--out", out)
+    assert result.returncode == 0, result.stderr
+    run = load_run(out)
+    par = run.manifest.config["parallel"]
+    assert par["tensor_parallel_size"] == 2 and par["backend"] == "gloo"
+    assert [c["rank"] for c in par["clock_sync"]] == [0, 1]
+    assert all(c["uncertainty_ns"] >= 0 for c in par["clock_sync"])
+    sp = run.spans
+    comm = sp[(sp["category"] == "comm").to_numpy()]
+    steps = run.steps
+    assert set(steps["rank"].dropna()) == {0}
+    assert set(comm["rank"]) == {0, 1}
+    hidden = ModelConfig.preset("tiny").hidden_size
+    n = steps["num_prefill_tokens"] + steps["num_decode_seqs"]
+    tokens = dict(zip(steps["step_id"], n, strict=True))
+    for step_id, nbytes in zip(comm["step_id"], comm["bytes"], strict=True):
+        assert nbytes == tokens[step_id] * hidden * 4
+    assert len(comm) == 2 * 2 * ModelConfig.preset("tiny").num_layers * len(steps)
+    fwd = sp[(sp["name"] == "tp_forward").to_numpy()]
+    assert set(fwd["rank"]) == {1} and len(fwd) == len(steps)
+    s = collectives.summarize(run)
+    assert s.ranks == 2 and s.steps == len(steps) and 0 < s.comm_share < 1
+    assert abs(s.wait_share + s.transfer_share - 1) < 0.05
