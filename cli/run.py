@@ -426,6 +426,8 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
     if e.weights != "float":
         model = f"{model}, weights {e.weights},"
     where = f"{model} on {e.device} ({e.resolved_dtype})"
+    if e.tp > 1:
+        where += f", tensor parallel {e.tp} (gloo)" if e.device == "cpu" else f", TP {e.tp}"
     if http is not None:  # an HTTP server instead of the in-process engine
         from ..probes.http_session import record_http_run
 
