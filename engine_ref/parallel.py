@@ -300,8 +300,17 @@ class TensorParallel:
         return self._error or default
 
     def failed(self, exc: BaseException) -> RuntimeError:
-        """A collective failed on rank 0: the workers' own error, when one reported."""
-        return RuntimeError(self._worker_error(f"tensor parallelism failed: {exc}"))
+        """A collective failed on rank 0: the workers' own error when one reported, else
+        which worker exited, else the collective's error."""
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and self._error is None:
+            dead = [(r, p.returncode) for r, p in enumerate(self.procs, 1) if p.poll() is not None]
+            if dead:
+                r, code = dead[0]
+                return RuntimeError(f"tensor-parallel rank {r} exited (code {code}): {exc}")
+            self.take_records()
+            time.sleep(0.02)
+        return RuntimeError(self._error or f"tensor parallelism failed: {exc}")
 
     # ---- shutdown ----------------------------------------------------------------------------
     def close(self, observer=None) -> None:

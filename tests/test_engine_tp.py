@@ -203,3 +203,32 @@ def test_tp_run_records_every_rank(cli, tmp_path):
     s = collectives.summarize(run)
     assert s.ranks == 2 and s.steps == len(steps) and 0 < s.comm_share < 1
     assert abs(s.wait_share + s.transfer_share - 1) < 0.05
+
+
+def test_interrupted_tp_run_is_kept_and_leaves_no_worker(tmp_path):
+    """SIGTERM (the CLI's Ctrl-C) mid-run: the run is `interrupted`, both ranks' records
+    are kept, and the worker is gone."""
+    from perfdiag import load_run
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "perfdiag", "run", "--preset", "tiny", "--tp", "2", "-n", "400",
+           "--prompt-len", "32", "--output-len", "16",
+           "-q", "--no-device-sampling", "--out", str(out)]  # fmt: skip
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        kids: list[int] = []
+        while time.monotonic() < deadline and not (kids and (out / "manifest.json").exists()):
+            time.sleep(0.2)
+            with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+                kids = [int(x) for x in f.read().split()]
+        time.sleep(2.0)  # recording steps
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
+        assert _wait_gone(kids)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    run = load_run(out)
+    assert run.manifest.status == "interrupted"
+    assert set(run.spans["rank"].dropna()) == {0, 1}
