@@ -1,0 +1,226 @@
+"""perfdiag's Kineto import + timeline against HTA 0.5.0's TraceAnalysis parse, on the same
+files, interleaved, each in a fresh interpreter (issue 16), and the JSON decoders that
+could replace the importer's Python one, on the same text.
+
+HTA and the decoders live in their own environment (build/hta-venv, made here on first
+use from PyPI) so they cannot disturb perfdiag's. Traces: the shared real V100 training
+trace (68,692 events) and the same trace's events repeated K times (times shifted past
+the previous copy, correlation/flow/External ids and step numbers offset): a real
+trace's content at 100k–1M events. Peak memory is each child's own maximum resident set
+plus its children's (perfdiag's parallel readers, if any).
+
+    .venv/bin/python benchmarks/kineto_vs_hta.py [--rounds 3] [--repeat 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+V100 = ROOT.parent / "shared/data/kineto/v100_train_ns_resolution.json.gz"
+HTA_VENV = ROOT / "build/hta-venv"
+HTA_PACKAGES = ["holistictraceanalysis==0.5.0", "orjson", "msgspec", "pysimdjson", "duckdb"]
+
+HTA_CHILD = r"""
+import json, logging, resource, sys, time
+logging.disable(logging.WARNING)
+t0 = time.perf_counter()
+from hta.trace_analysis import TraceAnalysis
+t1 = time.perf_counter()
+TraceAnalysis(trace_dir=sys.argv[1])
+t2 = time.perf_counter()
+r = resource.getrusage
+print(json.dumps({"imports_s": t1 - t0, "parse_s": t2 - t1,
+                  "rss_mb": r(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "children_rss_mb": r(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+"""
+
+PERFDIAG_CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from perfdiag.traces.importers.kineto import import_kineto
+from perfdiag.traces.reader import load_run
+from perfdiag.analyzers.report import timeline_report
+t1 = time.perf_counter()
+s = import_kineto([sys.argv[1]], sys.argv[2])
+t2 = time.perf_counter()
+rep = timeline_report(load_run(sys.argv[2]))
+t3 = time.perf_counter()
+r = resource.getrusage
+print(json.dumps({"imports_s": t1 - t0, "import_s": t2 - t1, "timeline_s": t3 - t2,
+                  "events": s.events, "spans": rep.spans,
+                  "rss_mb": r(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "children_rss_mb": r(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+"""
+
+DECODERS_CHILD = r"""
+import gzip, json, sys, time
+text = gzip.open(sys.argv[1], "rt").read()
+raw = text.encode()
+out = {}
+def timed(name, fn):
+    try:
+        t = time.perf_counter(); n = fn(); out[name] = [time.perf_counter() - t, n]
+    except Exception as e:
+        out[name] = [None, f"{type(e).__name__}: {e}"[:120]]
+timed("json (stdlib) loads", lambda: len(json.loads(text)["traceEvents"]))
+import orjson
+timed("orjson loads", lambda: len(orjson.loads(raw)["traceEvents"]))
+import msgspec
+timed("msgspec decode (generic)", lambda: len(msgspec.json.decode(raw)["traceEvents"]))
+class Ev(msgspec.Struct):
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    ts: float | str | None = None
+    dur: float | str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    id: int | str | None = None
+    args: msgspec.Raw = msgspec.Raw(b"{}")
+class Doc(msgspec.Struct):
+    traceEvents: list[Ev]
+timed("msgspec typed (args kept raw)", lambda: len(msgspec.json.decode(raw, type=Doc).traceEvents))
+import simdjson
+def simd():
+    doc = simdjson.Parser().parse(raw)
+    n = 0
+    for e in doc["traceEvents"]:  # touch the fields an importer reads
+        e.get("ph"); e.get("name"); e.get("ts"); e.get("dur"); e.get("cat"); n += 1
+    return n
+timed("pysimdjson parse + fields", simd)
+import duckdb
+def duck():
+    q = ("select count(*) from (select unnest(traceEvents) from "
+         f"read_json('{sys.argv[1]}', maximum_object_size=2000000000))")
+    return duckdb.connect().execute(q).fetchone()[0]
+timed("duckdb read_json (gz, unnest)", duck)
+print(json.dumps(out))
+"""
+
+
+def machine() -> str:
+    from perfdiag.traces.environment import cpu_model
+
+    return (f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+
+
+def hta_python() -> Path:
+    py = HTA_VENV / "bin/python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
+    have = subprocess.run([str(py), "-c", "import hta, orjson, msgspec, simdjson, duckdb"],
+                          capture_output=True)  # fmt: skip
+    if have.returncode:
+        print(f"installing {', '.join(HTA_PACKAGES)} into {HTA_VENV} …", flush=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", *HTA_PACKAGES], check=True)
+    return py
+
+
+def repeated(src: Path, k: int, dst: Path) -> int:
+    """The trace's events k times over, each copy after the last (ids offset)."""
+    with gzip.open(src, "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"]
+    ts = [float(e["ts"]) for e in events if "ts" in e]
+    span = max(ts) - min(ts) + 1000.0
+    out = []
+    for c in range(k):
+        for e in events:
+            e = dict(e)
+            if c and "ts" in e:
+                e["ts"] = float(e["ts"]) + c * span
+            if c and isinstance(e.get("id"), int):
+                e["id"] = e["id"] + c * 10_000_000
+            args = e.get("args")
+            if c and isinstance(args, dict):
+                args = dict(args)
+                for key in ("correlation", "External id"):
+                    if isinstance(args.get(key), int):
+                        args[key] += c * 10_000_000
+                e["args"] = args
+            name = e.get("name")
+            if c and isinstance(name, str) and name.startswith("ProfilerStep#"):
+                e["name"] = f"ProfilerStep#{int(name[13:]) + c * 1000}"
+            out.append(e)
+    doc["traceEvents"] = out
+    with gzip.open(dst, "wt", compresslevel=6) as f:
+        json.dump(doc, f)
+    return len(out)
+
+
+def run_child(py, code: str, *args) -> dict:
+    r = subprocess.run([str(py), "-c", code, *map(str, args)], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"child failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
+    hta_dir = tmp / f"hta-{trace.stem}"
+    hta_dir.mkdir()
+    os.link(trace, hta_dir / trace.name)  # HTA reads a directory of rank files
+    h, p = [], []
+    for r in range(rounds):  # interleaved: both see the same machine state
+        h.append(run_child(hta_py, HTA_CHILD, hta_dir))
+        p.append(run_child(sys.executable, PERFDIAG_CHILD, trace, tmp / f"run-{trace.stem}-{r}"))
+    hs = statistics.median(x["parse_s"] for x in h)
+    pi = statistics.median(x["import_s"] for x in p)
+    pt = statistics.median(x["import_s"] + x["timeline_s"] for x in p)
+    hm = max(x["rss_mb"] + x["children_rss_mb"] for x in h)
+    pm = max(x["rss_mb"] + x["children_rss_mb"] for x in p)
+    return {"trace": trace.name, "events": events, "hta_s": hs, "import_s": pi, "total_s": pt,
+            "hta_mb": hm, "perfdiag_mb": pm}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=6, help="copies of the real trace's events")
+    args = ap.parse_args()
+    if not V100.exists():
+        raise SystemExit(f"{V100}: the shared real trace is not here")
+    hta_py = hta_python()
+    print(f"machine: {machine()}; HTA 0.5.0 in {HTA_VENV}; median of {args.rounds} interleaved "
+          "rounds, each in a fresh interpreter (imports excluded)")  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="perfdiag-hta-bench-") as tmp:
+        tmp = Path(tmp)
+        real = tmp / "v100.json.gz"
+        real.write_bytes(V100.read_bytes())
+        with gzip.open(real, "rt") as f:
+            n_real = len(json.load(f)["traceEvents"])
+        big = tmp / f"v100x{args.repeat}.json.gz"
+        n_big = repeated(real, args.repeat, big)
+        for trace, n in ((real, n_real), (big, n_big)):
+            rows.append(compare(trace, n, args.rounds, hta_py, tmp))
+        decoders = run_child(hta_py, DECODERS_CHILD, big)
+    print(f"\n{'trace':<18} {'events':>9} {'HTA parse s':>11} {'perfdiag import s':>17} "
+          f"{'+timeline s':>11} {'speed-up':>16} {'HTA MB':>7} {'perfdiag MB':>11}")  # fmt: skip
+    for r in rows:
+        alone, total = r["hta_s"] / r["import_s"], r["hta_s"] / r["total_s"]
+        print(f"{r['trace']:<18} {r['events']:>9,} {r['hta_s']:>11.2f} {r['import_s']:>17.2f} "
+              f"{r['total_s']:>11.2f} {alone:>6.2f}x /{total:>5.2f}x "
+              f"{r['hta_mb']:>7.0f} {r['perfdiag_mb']:>11.0f}")  # fmt: skip
+    print(
+        "speed-up: HTA's parse time / perfdiag's import alone, / import + timeline "
+        "(the target: 5x import + timeline, memory at most half HTA's)"
+    )
+    print(f"\nJSON decoders on the {n_big:,}-event text (decompressed once; build/hta-venv):")
+    for name, (secs, n) in decoders.items():
+        what = f"{secs:6.2f} s  {n_big / secs:>12,.0f} events/s" if secs else f"failed: {n}"
+        print(f"  {name:<32} {what}")
+
+
+if __name__ == "__main__":
+    main()
