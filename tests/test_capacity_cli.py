@@ -10,7 +10,9 @@ from serve_support import start_server, stop_server
 
 from perfdiag.traces.manifest import read_manifest
 
-SLO = "ttft=0.03,tpot=4ms"
+# Bounds a few times tiny's own ITL (~2.5 ms at low load here): a tighter TPOT bound
+# (4 ms was used) sits inside the machine's own jitter, and no level met it on some days.
+SLO = "ttft=0.05,tpot=10ms"
 SETS = ["--set", "prompt-len=64", "--set", "output-len=16", "--set", "no-device-sampling=on"]
 LOAD = [*SETS, "--duration", "2", "--max-repeats", "2", "--tolerance", "0.2", "-q"]
 
@@ -33,7 +35,7 @@ def test_capacity_of_engine_ref(tmp_path, cli):
     out = tmp_path / "cap"
     r = cli("capacity", "--slo", SLO, "--set", "preset=tiny", *LOAD, "-o", out, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    data = _check(out, {"ttft_s": 0.03, "tpot_s": 0.004})
+    data = _check(out, {"ttft_s": 0.05, "tpot_s": 0.01})
     assert data["saturation"]["concurrency"] == 64  # the engine's max_seqs
     said = " ".join(r.stdout.split())
     assert f"capacity: {data['capacity']['x']:g} req/s meets the SLO" in said
