@@ -130,13 +130,17 @@ def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
     seg["name"] = df["name"].to_numpy(object)[pos]
     seg["cls"] = df["cls"].to_numpy()[pos]
     seg["pid"] = df["pid"].astype("float64").fillna(-1).to_numpy()[pos]
-    p = df["pid"].astype("Int64").astype(str).to_numpy()[pos].astype(object)
-    t = df["tid"].astype("Int64").astype(str).to_numpy()[pos].astype(object)
-    seg["resource"] = "pid " + p + " tid " + t
+    pid = df["pid"].astype("float64").to_numpy()[pos]
+    tid = df["tid"].astype("float64").to_numpy()[pos]
+    seg["resource"] = [f"pid {_id(a)} tid {_id(b)}" for a, b in zip(pid, tid, strict=True)]
     sync = cls_mask(df, "runtime") & pattern_mask(df["name"], _SYNC_CALL)
     sync &= ~category_mask(df["name"], ["Stream Wait Event"])
     seg["sync"] = sync[pos]
     return seg
+
+
+def _id(v: float) -> str:
+    return "-" if v != v else str(int(v))
 
 
 def _flatten(keys, s, e, span, cols) -> None:
