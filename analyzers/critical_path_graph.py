@@ -21,12 +21,12 @@ replay with some weights scaled tells what the trace would have taken under the 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from .gaps import _SYNC_CALL, HOST_BUSY_FRACTION  # one rule for what syncs, what is busy
 from .intervals import union
 from .spans import CLASS_CODE, GPU_CLASSES, category_mask, cls_mask, pattern_mask
 
@@ -36,10 +36,6 @@ DUR_CPU, DUR_API, DUR_GPU, HOST_GAP, THREAD_WAIT, LAUNCH, GPU_GAP, STREAM_WAIT, 
 )
 KIND_NAMES = ("cpu", "cuda_api", "gpu", "host_gap", "thread_wait", "launch", "gpu_gap",
               "stream_wait", "sync", "start")  # fmt: skip
-HOST_BUSY_FRACTION = 0.5  # as gaps.py: another thread busy this much of a gap → a wait
-_SYNC_CALL = re.compile(
-    r"(?i)synchroni[sz]e|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
-)
 
 
 @dataclass
@@ -129,8 +125,8 @@ def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
     pos = seg["span"].to_numpy()
     seg["name"] = df["name"].to_numpy(object)[pos]
     seg["cls"] = df["cls"].to_numpy()[pos]
-    seg["pid"] = df["pid"].astype("float64").fillna(-1).to_numpy()[pos]
     pid = df["pid"].astype("float64").to_numpy()[pos]
+    seg["pid"] = np.nan_to_num(pid, nan=-1.0)
     tid = df["tid"].astype("float64").to_numpy()[pos]
     seg["resource"] = [f"pid {_id(a)} tid {_id(b)}" for a, b in zip(pid, tid, strict=True)]
     sync = cls_mask(df, "runtime") & pattern_mask(df["name"], _SYNC_CALL)
