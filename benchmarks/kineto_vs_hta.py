@@ -19,6 +19,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -127,19 +128,29 @@ def hta_python() -> Path:
     return py
 
 
+_FLOAT = "\x00f:"  # marks a float's text through json.dump, to be written unquoted
+
+
+def _ns(text) -> int:
+    whole, _, frac = str(text).removeprefix(_FLOAT).partition(".")
+    return int(whole) * 1000 + int((frac + "000")[:3]) if frac else int(whole) * 1000
+
+
 def repeated(src: Path, k: int, dst: Path) -> int:
-    """The trace's events k times over, each copy after the last (ids offset)."""
+    """The trace's events k times over, each copy after the last (ids offset). Times keep
+    Kineto's exact "µs.ns" text: each copy's ts is shifted by whole ns."""
     with gzip.open(src, "rt") as f:
-        doc = json.load(f)
+        doc = json.load(f, parse_float=lambda s: _FLOAT + s)
     events = doc["traceEvents"]
-    ts = [float(e["ts"]) for e in events if "ts" in e]
-    span = max(ts) - min(ts) + 1000.0
+    ts = [_ns(e["ts"]) for e in events if "ts" in e]
+    span = max(ts) - min(ts) + 1_000_000
     out = []
     for c in range(k):
         for e in events:
             e = dict(e)
             if c and "ts" in e:
-                e["ts"] = float(e["ts"]) + c * span
+                ns = _ns(e["ts"]) + c * span
+                e["ts"] = f"{_FLOAT}{ns // 1000}.{ns % 1000:03d}"
             if c and isinstance(e.get("id"), int):
                 e["id"] = e["id"] + c * 10_000_000
             args = e.get("args")
@@ -154,8 +165,9 @@ def repeated(src: Path, k: int, dst: Path) -> int:
                 e["name"] = f"ProfilerStep#{int(name[13:]) + c * 1000}"
             out.append(e)
     doc["traceEvents"] = out
+    text = re.sub(r'"\\u0000f:([-0-9.eE+]+)"', r"\1", json.dumps(doc))
     with gzip.open(dst, "wt", compresslevel=6) as f:
-        json.dump(doc, f)
+        f.write(text)
     return len(out)
 
 

@@ -138,12 +138,17 @@ class ProfilerWindow:
         return info
 
     def _import(self, writer, clock: dict) -> dict:
-        from ..traces.importers.kineto_events import KinetoFileReader
+        from ..traces.importers.kineto_events import FastReadFailed, KinetoFileReader
 
-        rows: list[tuple] = []
-        reader = KinetoFileReader(self.trace_path, rows.append, lambda row: None,
-                                  rank_of=lambda header: None)  # fmt: skip
-        reader.read()
+        for fast in (True, False):  # the exact reader when the fast one cannot read it
+            rows: list[tuple] = []
+            reader = KinetoFileReader(self.trace_path, rows.append, lambda row: None,
+                                      rank_of=lambda header: None)  # fmt: skip
+            try:
+                reader.read(fast=fast)
+                break
+            except FastReadFailed:
+                continue
         base = int(reader.stream.header.get("baseTimeNanoseconds") or 0)
         # Trace time (ns after `base`, wall clock) → the run's monotonic clock: first through
         # the manifest's clock origin, then pinned by the tightest sync annotation.

@@ -247,8 +247,8 @@ def test_parallel_read_equals_one_process(tmp_path, monkeypatch):
 
     monkeypatch.setattr(kineto_parallel, "MIN_CHARS_PER_WORKER", 1 << 20)
     trace = KINETO / "v100_train_ns_resolution.json.gz"
-    one = import_kineto([trace], tmp_path / "one", jobs=1)
-    three = import_kineto([trace], tmp_path / "three", jobs=3)
+    one = import_kineto([trace], tmp_path / "one", jobs=1)  # the fast front end
+    three = import_kineto([trace], tmp_path / "three", jobs=3, fast=False)
     meta = perfdiag.load_run(tmp_path / "three").manifest.extra["kineto"]["files"][0]
     assert meta["workers"] == 3 and three.events == one.events == 68692
     assert three.spans == one.spans
@@ -270,7 +270,7 @@ def test_parallel_read_falls_back_when_fooled(tmp_path, monkeypatch):
     path.write_text(
         json.dumps({"traceEvents": events}).replace('.125"', ".125").replace('"ts": "', '"ts": ')
     )
-    summary = import_kineto([path], tmp_path / "run", jobs=2)
+    summary = import_kineto([path], tmp_path / "run", jobs=2, fast=False)
     run = perfdiag.load_run(tmp_path / "run")
     assert summary.events == 2000 and len(run.spans) == 2000
     assert run.manifest.extra["kineto"]["files"][0]["workers"] == 1  # fell back, exact

@@ -15,6 +15,7 @@ steps, so the importer converts the digits exactly (see kineto_events.to_ns).
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import re
 import zlib
@@ -24,10 +25,17 @@ from pathlib import Path
 from ...errors import ConfigError
 
 CHUNK_CHARS = 1 << 22  # 4 Mi characters per read: large enough to amortise, small in RAM
+BATCH_CHARS = 1 << 21  # a batch read's text per decode (~10k Kineto events)
+MAX_CUTS = 64  # cuts tried per batch before a batch read gives up
 _WS = re.compile(r"[ \t\n\r]*")
 _BOUNDARY = re.compile(r"\}[ \t\n\r]*,[ \t\n\r]*(\{)")
+_END = re.compile(r"\}[ \t\n\r]*\]")
 _NEXT = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 _TOKEN = re.compile(r'\\.?|"|[\[\]{}]')  # escapes, quotes and brackets, for skipping
+
+
+class BatchDecodeFailed(Exception):
+    """A batch read (`events(decode_batch=...)`) met text its decoder refuses."""
 
 
 class TraceFormatError(ConfigError):
@@ -43,7 +51,7 @@ class ChromeTraceStream:
         self.events_seen = 0
         self.too_deep = 0  # events skipped: nested deeper than the JSON decoder recurses
         self._decoder = json.JSONDecoder(parse_float=str)
-        self._scan = self._decoder.scan_once
+        self._scan = self.scan_once = self._decoder.scan_once  # (text, index) -> (value, end)
         # The text buffer: the event just yielded is `buf[value_start:value_end]` (valid
         # until the next event is requested). Read-only for callers.
         self.buf = ""
@@ -174,9 +182,13 @@ class ChromeTraceStream:
         return c
 
     # -- the document ----------------------------------------------------------------------
-    def events(self, on_start=None, *, start: int = 0, stop: int | None = None) -> Iterator[dict]:
+    def events(
+        self, on_start=None, *, start: int = 0, stop: int | None = None, decode_batch=None
+    ) -> Iterator:
         """Yield every trace event; fill `header` with the other top-level keys.
         `on_start()` is called when the events begin (the header before them is read).
+        `decode_batch`: yield the events a batch at a time instead, as that function
+        decodes them (see `_batches`; whole documents only).
 
         A range (`start`, `stop`, in characters of the text) reads only part of the
         events, for parallel readers: from the first element boundary at or after
@@ -195,9 +207,10 @@ class ChromeTraceStream:
             c = self._skip_ws()
             if c == "":
                 raise TraceFormatError(f"{self.path}: empty file")
+            array = self._array if decode_batch is None else lambda: self._batches(decode_batch)
             if c == "[":  # the JSON Array Format: a bare list of events
                 self._pos += 1
-                yield from self._array()
+                yield from array()
                 return
             self._expect("{", "a JSON object or array")
             if self._skip_ws() == "}":
@@ -212,7 +225,7 @@ class ChromeTraceStream:
                 self._expect(":", "':'")
                 if key == "traceEvents":
                     self._expect("[", "the traceEvents array")
-                    yield from self._array()
+                    yield from array()
                     if self.stopped_at is not None:
                         return
                     self._members(found=True)
@@ -255,6 +268,55 @@ class ChromeTraceStream:
             if not self._fill():
                 self._pos = len(self.buf)
                 return False
+
+    def _batches(self, decode) -> Iterator:
+        """The array's elements, about `BATCH_CHARS` of text at a time: `decode(text)`
+        decodes the text of a JSON array (the batch's elements in brackets), or returns
+        None when it is not one. Batches are cut at element boundaries found by pattern
+        (`},{`, and `}]` at the end); a cut that fell inside an element (the pattern inside
+        a string or nested args) fails to decode and the next one is tried, so a batch is
+        never a wrong split. Raises BatchDecodeFailed when no cut decodes: the text is
+        something only the exact reader (`_array`) can read or name the error in."""
+        if self._on_start is not None:
+            self._on_start()
+        if self._skip_ws() == "]":
+            self._pos += 1
+            return
+        self.first_at = self._consumed + self._pos
+        while True:
+            while len(self.buf) - self._pos < BATCH_CHARS and self._fill():
+                pass
+            tries, ahead = 0, BATCH_CHARS  # where the next cut is searched, after the cursor
+            while True:
+                buf, pos = self.buf, self._pos
+                m = _BOUNDARY.search(buf, min(pos + ahead, len(buf)))
+                if m is None:
+                    if self._fill():
+                        continue  # the cut lies in text not read yet (`ahead` still holds)
+                    yield from self._last_batch(decode)
+                    return
+                batch = decode("[" + buf[pos : m.start() + 1] + "]")
+                if batch is not None:
+                    self.events_seen += len(batch)
+                    self._pos = m.start(1)
+                    yield batch
+                    break
+                tries += 1
+                if tries >= MAX_CUTS:
+                    raise BatchDecodeFailed(f"no cut decodes after {MAX_CUTS} tries")
+                ahead = m.start(1) - pos
+
+    def _last_batch(self, decode) -> Iterator:
+        """The events up to the array's end (`}]`), once the whole rest is in the buffer."""
+        buf, pos = self.buf, self._pos
+        for m in itertools.islice(_END.finditer(buf, pos), MAX_CUTS):
+            batch = decode("[" + buf[pos : m.start() + 1] + "]")
+            if batch is not None:
+                self.events_seen += len(batch)
+                self._pos = m.end()
+                yield batch
+                return
+        raise BatchDecodeFailed("the end of the events array does not decode")
 
     def _array(self, skip_open: bool = False) -> Iterator[dict]:
         if self._on_start is not None:

@@ -28,7 +28,7 @@ from ..layout import RAW_DIR
 from ..manifest import CRASHED
 from ..writer import RunWriter
 from .chrome_stream import ChromeTraceStream, TraceFormatError
-from .kineto_events import KinetoFileReader
+from .kineto_events import FastReadFailed, KinetoFileReader
 from .kineto_identity import assign_ranks, is_perfdiag_export, late_identity, read_identity
 from .kineto_parallel import ParallelReadFailed, is_object_document, plan_workers, read_parallel
 
@@ -110,9 +110,12 @@ def import_kineto(
     copy_raw: bool = False,
     jobs: int | None = None,
     ranks: list[int] | None = None,
+    fast: bool = True,
 ) -> ImportSummary:
     """Import Kineto Chrome-JSON traces (plain or gzipped) into the run directory `out`.
-    `jobs`: processes per large file (None: up to the CPU count; 1: one process).
+    `fast`: decode with the native front end first (see kineto_fast.py); False, or a
+    file it cannot read: the exact one, whose large files are read by `jobs` processes
+    (None: up to the CPU count; 1: one process).
     `ranks`: each file's rank, overriding its distributedInfo (one per file)."""
     if not paths:
         raise ConfigError("no trace files to import")
@@ -133,12 +136,16 @@ def import_kineto(
     ids = [read_identity(p, need_base=len(files) > 1) for p in files]
     warnings = assign_ranks(ids, ranks)
     bases = [i.base_time_ns or 0 for i in ids] if len(files) > 1 else [None]
+    # The fast front end first; a file it cannot read is read again by the exact one
+    # (in parallel when large), and a parallel read that cannot be trusted by one process.
+    modes = iter([("fast", 1)] * fast + [("exact", jobs), ("exact", 1)])
+    mode = next(modes)
     while True:
         try:
-            try:
-                summary = _write_run(files, ids, tmp, bases, command, copy_raw, jobs, warnings)
-            except ParallelReadFailed:  # exact, one process
-                summary = _write_run(files, ids, tmp, bases, command, copy_raw, 1, warnings)
+            summary = _write_run(files, ids, tmp, bases, command, copy_raw, mode, warnings)
+        except (FastReadFailed, ParallelReadFailed):
+            mode = next(modes)
+            continue
         except _LateIdentity as late:  # the file's tail said who it is: read it again
             ids[late.index] = late.identity
             warnings = assign_ranks(ids, ranks)
@@ -154,7 +161,7 @@ def import_kineto(
     return summary
 
 
-def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, jobs, warnings):
+def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, mode, warnings):
     writer = RunWriter(
         tmp,
         command=command,
@@ -169,7 +176,7 @@ def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, jobs, warn
         spans, counters = writer.table("spans"), writer.table("counters")
         for i, path in enumerate(files):
             offset = 0 if bases[0] is None else bases[i] - bases[0]
-            fs, header, meta = _read_file(path, ids[i], offset, spans, counters, jobs)
+            fs, header, meta = _read_file(path, ids[i], offset, spans, counters, mode)
             if (late := late_identity(ids[i], header)) is not None:
                 raise _LateIdentity(i, late)
             if bases[0] is not None and fs.base_time_ns != bases[i]:
@@ -229,11 +236,13 @@ class _LateIdentity(Exception):
         self.index, self.identity = index, identity
 
 
-def _read_file(path: Path, ident, offset: int, spans, counters, jobs):
+def _read_file(path: Path, ident, offset: int, spans, counters, mode):
+    """One file's rows into the tables; `mode`: (front end, parallel jobs)."""
+    front_end, jobs = mode
     rank = ident.rank
     export = is_perfdiag_export(ident.header)
     flags = {"perfdiag_export": export, "rank_from_args": export and ident.rank_source != "--rank"}
-    workers = plan_workers(path, jobs)
+    workers = 1 if front_end == "fast" else plan_workers(path, jobs)
     if workers > 1 and is_object_document(path):
         header = _header_before_events(path)
         parts = read_parallel(
@@ -278,9 +287,10 @@ def _read_file(path: Path, ident, offset: int, spans, counters, jobs):
         counters.append,
         rank_of=lambda _h: rank,
         time_offset_ns=offset,
+        add_spans=spans.append_batch,
         **flags,
     )
-    reader.read()
+    reader.read(fast=front_end == "fast")
     header = reader.stream.header
     fs = FileSummary(
         str(path),
@@ -297,6 +307,7 @@ def _read_file(path: Path, ident, offset: int, spans, counters, jobs):
         "threads": reader.threads,
         "profiler_windows": reader.profiler_windows,
         "workers": 1,
+        "front_end": reader.front_end,
     }
     return fs, header, _file_meta(path, fs, extra, header)
 
@@ -331,6 +342,7 @@ def _file_meta(path: Path, fs: FileSummary, extra: dict, header: dict) -> dict:
         "flows_linked": fs.flows_linked,
         "trace_name": header.get("traceName"),
         "workers": extra["workers"],
+        "front_end": extra.get("front_end", "exact"),  # fast: the native decoder read it
         "profiler_windows": extra["profiler_windows"][:16],
         "processes": dict(list(extra["processes"].items())[:64]),
         "threads": dict(list(extra["threads"].items())[:256]),

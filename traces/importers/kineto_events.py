@@ -26,6 +26,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from .chrome_stream import ChromeTraceStream
+from .kineto_structs import UNSET, Event, args_view
 from .op_cost import op_cost
 
 NO_STREAM = 2**32 - 1  # how Kineto writes a stream of -1 (uint32)
@@ -56,6 +57,7 @@ SKIPPED_CATEGORIES = frozenset({"Trace"})  # the profiler's own window: kept in 
 # Categories whose spans take part in the launch ↔ GPU-work correlation join.
 CORRELATED = frozenset({"cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset"})
 
+_WS = re.compile(r"[ \t\n\r]*")
 _COMM_KERNEL = re.compile(r"(?i)\b(?:void\s+)?[nr]ccl")
 _COMM_ANNOTATION = re.compile(r"(?i)^(?:nccl|rccl|gloo|mpi|ucc|c10d):|^record_param_comms$")
 _DTYPE_BYTES = {
@@ -75,8 +77,9 @@ def to_ns(value) -> int:
         return value * 1000
     if value.__class__ is str:
         dot = value.find(".")
-        if dot != -1 and len(value) - dot == 4 and "e" not in value and "E" not in value:
-            return int(value[:dot] + value[dot + 1 :])  # the common "123.456" µs form
+        if dot != -1 and len(value) - dot <= 4 and "e" not in value and "E" not in value:
+            # "123.456" µs (Kineto's form), or fewer decimals: its digits are the ns
+            return int(value[:dot] + value[dot + 1 :].ljust(3, "0"))
         try:
             return int(Decimal(value).scaleb(3).to_integral_value())
         except InvalidOperation:
@@ -115,15 +118,31 @@ def _number(value) -> float | None:
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def comm_bytes(args: dict) -> int | None:
-    """A collective's input message size from Kineto's record_param_comms args."""
-    n = _int(args.get("In msg nelems"))
-    size = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower())
+def _dict_args(args) -> dict:
+    """A non-span event's args as a dict (the exact front end decoded them already)."""
+    return args if args.__class__ is dict else {}
+
+
+def comm_bytes(nelems, dtype) -> int | None:
+    """A collective's input message size from Kineto's record_param_comms args
+    (`In msg nelems`, `dtype`)."""
+    n = _int(nelems)
+    size = _DTYPE_BYTES.get(str("" if dtype is None else dtype).lower())
     return n * size if n is not None and size else None
 
 
+class FastReadFailed(Exception):
+    """The fast front end cannot read this file (see `KinetoFileReader.read`)."""
+
+
 class KinetoFileReader:
-    """Reads one trace file, handing each row to `add_span` / `add_counter`."""
+    """Reads one trace file, handing each row to `add_span` / `add_counter`.
+
+    Two front ends feed one row builder (`_add`): the fast one decodes batches of events
+    in native code (kineto_fast.py); the exact one (ChromeTraceStream, the stdlib
+    scanner) reads anything the fast one refuses (NaN literals, `},{` inside strings at
+    every cut, nesting too deep, ranges for parallel readers) and names the error in a
+    malformed file."""
 
     def __init__(
         self,
@@ -135,18 +154,25 @@ class KinetoFileReader:
         time_offset_ns: int = 0,
         perfdiag_export: bool = False,
         rank_from_args: bool = False,
+        add_spans=None,
     ):
         """`rank_of(header)` names the rank (called once the first event is reached).
+        `add_spans(record_batch)`: where the fast front end may hand whole batches of
+        span rows (in the storage schema); without it every row goes to `add_span`.
         `perfdiag_export`: the file is perfdiag's own Chrome/TensorBoard export (its
         spans' args say where they ran); `rank_from_args`: a span's own `rank` arg wins
         over the file's rank (an export of several ranks in one file)."""
-        self.add_span, self.add_counter = add_span, add_counter
+        self.path = path
+        self.add_span, self.add_counter, self.add_spans = add_span, add_counter, add_spans
         self.perfdiag_export = perfdiag_export
         self.rank_from_args = rank_from_args
-        self.stream = ChromeTraceStream(path)
         self.rank_of = rank_of
-        self.rank: int | None = None
         self.offset = time_offset_ns
+        self._reset()
+
+    def _reset(self) -> None:
+        self.stream = ChromeTraceStream(self.path)
+        self.rank: int | None = None
         self.spans_by_category: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
         self.processes: dict[str, dict] = {}
@@ -154,219 +180,274 @@ class KinetoFileReader:
         self.profiler_windows: list[tuple[int, int]] = []
         self.flows_linked = 0
         self.unresolved = 0  # GPU ops and launches left without a correlation id
+        self.front_end = "exact"
         self._flows: dict[tuple, int] = {}
         self._pending: list[tuple[tuple, tuple]] = []  # spans waiting for a flow
+        self._full_args = _dict_args
 
     def _skip(self, what: str) -> None:
         self.skipped[what] = self.skipped.get(what, 0) + 1
-
-    def _args_fallback(self, args: dict) -> str:
-        """Rare: args not written last. Decode the event again, with real floats."""
-        stream = self.stream
-        event = json.loads(stream.buf[stream.value_start : stream.value_end])
-        return _dumps(event.get("args", args))
 
     def _start(self) -> None:
         """Called as the events begin: the header before them names the rank."""
         self.rank = self.rank_of(self.stream.header)
 
-    def read(self, *, start: int = 0, stop: int | None = None) -> None:
-        """Read the file (or the character range of its events, see ChromeTraceStream)."""
+    def read(self, *, start: int = 0, stop: int | None = None, fast: bool = False) -> None:
+        """Read the file (or the character range of its events, see ChromeTraceStream).
+        `fast`: through the native decoder (whole files only); raises FastReadFailed
+        when it cannot read the file, after which the caller discards what it was handed
+        and reads again with `fast=False`."""
+        if fast and start == 0 and stop is None:
+            from .kineto_fast import FastDecodeFailed, read_fast
+
+            try:
+                read_fast(self)
+            except FastDecodeFailed as e:
+                raise FastReadFailed(str(e)) from None
+            return
+        self._read_exact(start, stop)
+
+    def _read_exact(self, start: int, stop: int | None) -> None:
         events = self.stream.events(on_start=self._start, start=start, stop=stop)
         first = next(events, None)
         if self.rank is None:
             self._start()
-        rank = self.rank
-        offset, add_span, other = self.offset, self.add_span, self._other
-        categories, by_cat, pending = CATEGORIES, self.spans_by_category, self._pending
-        stream, flows, fallback = self.stream, self._flows, self._args_fallback
-        export, rank_from_args = self.perfdiag_export, self.rank_from_args
-        # The hot loop (one pass per event): plain ints take the fast path, anything
-        # else goes through to_ns/_int.
+        stream, batch, views, texts = self.stream, [], [], []
         for ev in itertools.chain(() if first is None else (first,), events):
-            ph = ev.get("ph")
+            args = ev.get("args")
+            view = text = None
+            if ev.get("ph") == "X":
+                if args.__class__ is not dict:
+                    args = {}
+                view = args_view(args)
+                text = self._args_text(args) if args else None
+            get = ev.get
+            batch.append(Event(get("ph"), get("name"), get("cat"), get("ts"), get("dur"),
+                               get("pid"), get("tid"), get("id"), args))  # fmt: skip
+            views.append(view)
+            texts.append(text)
+            if len(batch) >= 4096:
+                self._add(batch, views, texts)
+                batch, views, texts = [], [], []
+        self._add(batch, views, texts)
+        self.finish()
+        if stream.too_deep:
+            self.skipped["event nested too deeply to decode"] = stream.too_deep
+
+    def _args_text(self, args: dict) -> str:
+        """The args object's own text, as written (no re-encoding). Kineto writes it last,
+        so it runs from the "args" key to the event's closing brace; else the scanner
+        finds where it ends."""
+        stream = self.stream
+        buf, a, b = stream.buf, stream.value_start, stream.value_end
+        k = buf.find('"args"', a, b)
+        if k != -1:
+            colon = buf.find(":", k + 6, b)
+            if buf[b - 1] == "}":
+                text = buf[colon + 1 : b - 1].strip()
+                if text[:1] == "{" and text[-1:] == "}":
+                    return text
+            m = _WS.match(buf, colon + 1)
+            try:
+                value, end = stream.scan_once(buf, m.end())
+            except (StopIteration, ValueError, RecursionError):
+                value = None
+            if value == args:
+                return buf[m.end() : end]
+        return _dumps(args)  # "args" not found as a key (escaped in a string): re-encoded
+
+    def finish(self) -> None:
+        """After the last batch: the spans that waited for a flow event."""
+        self._resolve_pending()
+
+    def _add(self, events: list, views: list, texts: list) -> None:
+        """The row builder: one pass over a batch of events. `views[i]` is an X event's
+        Args (NO_ARGS when its args are empty or not an object), `texts[i]` its args
+        text (None when empty)."""
+        add_span, other, span_row = self.add_span, self._other, self._span_row
+        pending, flows, full_args = self._pending, self._flows, self._full_args
+        for ev, args, text in zip(events, views, texts, strict=True):
+            ph = ev.ph
             if ph != "X":
                 if ph == "f" or ph == "s":
-                    flow_cat = ev.get("cat")
+                    flow_cat = ev.cat
                     if flow_cat == "ac2g" or (
                         flow_cat.__class__ is str and flow_cat in LAUNCH_FLOWS
                     ):
                         # Raw (pid, tid, ts) as the key: no conversion for the many flows
                         # that nothing will look up.
                         try:
-                            flows[(ev.get("pid"), ev.get("tid"), ev.get("ts"))] = ev.get("id")
+                            flows[(ev.pid, ev.tid, ev.ts)] = ev.id
                         except TypeError:  # a list or an object where a number belongs
                             self._skip("flow event with a malformed pid/tid/ts")
                             continue
                         if len(flows) > FLOW_WINDOW and not pending:
                             flows.clear()  # Kineto writes each flow beside its span
                     else:
-                        self._skip(f"{ev.get('cat')} flow")
+                        self._skip(f"{ev.cat} flow")
                     continue
-                other(ev, ph)
+                other(ev, ph, full_args(ev.args))
                 continue
-            name = ev.get("name")
-            if name.__class__ is not str:
-                name = "" if name is None else str(name)
-            ts = ev.get("ts")
-            dur = ev.get("dur")
-            if dur is None:  # never a zero-length span by default
-                self._skip("X event without dur")
+            got = span_row(ev, args, text)
+            if got is None:
                 continue
-            try:
-                # Kineto's "123.456" µs: its digits are the ns. Else ints, else exact decimals.
-                if ts.__class__ is str and ts[-4:-3] == ".":
-                    start = int(ts.replace(".", "")) + offset
-                else:
-                    start = (ts * 1000 if ts.__class__ is int else to_ns(ts)) + offset
-                if dur.__class__ is str and dur[-4:-3] == ".":
-                    dur = int(dur.replace(".", ""))
-                else:
-                    dur = dur * 1000 if dur.__class__ is int else to_ns(dur)
-            except ValueError:  # "12.5e3" passed the quick test: take the exact path
-                try:
-                    start, dur = to_ns(ts) + offset, to_ns(dur)
-                except (TypeError, ValueError, ArithmeticError):  # NaN, Infinity, "abc"
-                    self._skip("X event without a numeric ts/dur")
-                    continue
-            except (TypeError, ArithmeticError):
-                self._skip("X event without a numeric ts/dur")
-                continue
-            if not (-MAX_NS <= start - offset <= MAX_NS and dur <= MAX_NS):
-                self._skip("X event with ts/dur beyond the int64 ns range")
-                continue
-            if start - offset < 0:
-                self._skip("X event with a negative ts")
-                continue
-            if dur < 0:  # an op still open when the profiler stopped
-                self._skip("negative duration (set to 0)")
-                dur = 0
-            cat = ev.get("cat")
-            if cat.__class__ is not str:
-                cat = None if cat is None else "other"  # a number, a list: not a category
-            mapped = categories.get(cat)
-            if mapped is None:
-                if cat in SKIPPED_CATEGORIES:
-                    self.profiler_windows.append((start, start + dur))
-                    continue
-                category, kind = (str(cat) if cat else "other"), CPU
-            else:
-                category, kind = mapped
-            args = ev.get("args")
-            if args.__class__ is not dict:
-                args = {}
-            corr = args.get("correlation")
-            if corr is not None and corr.__class__ is not int:
-                corr = _int(corr)
-            nbytes = flops = None
-            row_rank = rank
-            if export:
-                if mapped is None and _int(args.get("device")) is not None:
-                    kind = GPU  # perfdiag's comm/annotation/triton on a GPU queue
-                if rank_from_args and (r := _int(args.get("rank"))) is not None:
-                    row_rank = r
-            if kind == GPU:
-                pid = tid = None
-                device = args.get("device", ev.get("pid"))
-                if device.__class__ is not int:
-                    device = _int(device)
-                queue = args.get("stream", ev.get("tid"))
-                if queue.__class__ is not int:
-                    queue = _int(queue)
-                if queue == NO_STREAM:  # a context-wide sync: on no stream (CUDA's -1)
-                    queue = None
-                if category == "kernel":
-                    if _COMM_KERNEL.match(name):
-                        category = "comm"
-                        nbytes = comm_bytes(args)
-                elif category == "gpu_memcpy" or category == "gpu_memset":
-                    nbytes = _int(args.get("bytes"))
-            else:
-                pid, tid = ev.get("pid"), ev.get("tid")
-                if pid.__class__ is not int or tid.__class__ is not int:
-                    pid, tid = _int(pid), _int(tid)
-                    if (pid is None) != (ev.get("pid") is None) or (tid is None) != (
-                        ev.get("tid") is None
-                    ):
-                        self._skip("CPU event with a pid/tid that is not an integer")
-                        continue
-                device = queue = None
-                if category == "cpu_op" or category == "annotation":
-                    if _COMM_ANNOTATION.match(name):
-                        category = "comm"
-                        nbytes = comm_bytes(args)
-                    elif "flops" in args:
-                        flops = _int(args["flops"])
-                    elif "Input Dims" in args:  # a CPU torch writes shapes, not flops
-                        flops, nbytes = op_cost(name, args)
-            text = None
-            if args:
-                # The args object's own text: Kineto writes it last, so it runs from the
-                # "args" key to the event's closing brace. No re-encoding.
-                buf, a, b = stream.buf, stream.value_start, stream.value_end
-                k = buf.find('"args"', a, b)
-                if k != -1 and buf[b - 1] == "}":
-                    text = buf[buf.find(":", k + 6, b) + 1 : b - 1].strip()
-                if text is None or text[:1] != "{" or text[-1:] != "}":
-                    text = fallback(args)
-            if export:  # its own figures, whatever the category
-                flops = _int(args["flops"]) if "flops" in args else flops
-                nbytes = _int(args["bytes"]) if "bytes" in args else nbytes
-            row = (
-                name, category, start, dur, pid, tid, device, queue, row_rank, None, corr,
-                flops, nbytes, text,
-            )  # fmt: skip
-            by_cat[category] = by_cat.get(category, 0) + 1
-            if corr is None and (category in CORRELATED or (category == "comm" and kind == GPU)):
-                pending.append((row, (ev.get("pid"), ev.get("tid"), ev.get("ts"))))
+            row, waits = got
+            if waits:  # its launch is named by a flow event: joined at the end
+                pending.append((row, (ev.pid, ev.tid, ev.ts)))
                 continue
             add_span(row)
-        self._resolve_pending()
-        if stream.too_deep:
-            self.skipped["event nested too deeply to decode"] = stream.too_deep
 
-    def _other(self, ev: dict, ph) -> None:
+    def _span_row(self, ev, args, text):
+        """An X event's span row and whether it waits for a flow event to name its
+        launch; None when the event is skipped (counted in `skipped`)."""
+        offset, rank, categories = self.offset, self.rank, CATEGORIES
+        export, rank_from_args = self.perfdiag_export, self.rank_from_args
+        name = ev.name
+        if name.__class__ is not str:
+            name = "" if name is None else str(name)
+        ts = ev.ts
+        dur = ev.dur
+        if dur is None:  # never a zero-length span by default
+            self._skip("X event without dur")
+            return None
+        try:
+            # Kineto's "123.456" µs: its digits are the ns. Else ints, else exact decimals.
+            if ts.__class__ is str and ts[-4:-3] == ".":
+                start = int(ts.replace(".", "")) + offset
+            else:
+                start = (ts * 1000 if ts.__class__ is int else to_ns(ts)) + offset
+            if dur.__class__ is str and dur[-4:-3] == ".":
+                dur = int(dur.replace(".", ""))
+            else:
+                dur = dur * 1000 if dur.__class__ is int else to_ns(dur)
+        except ValueError:  # "12.5e3" passed the quick test: take the exact path
+            try:
+                start, dur = to_ns(ts) + offset, to_ns(dur)
+            except (TypeError, ValueError, ArithmeticError):  # NaN, Infinity, "abc"
+                self._skip("X event without a numeric ts/dur")
+                return None
+        except (TypeError, ArithmeticError):
+            self._skip("X event without a numeric ts/dur")
+            return None
+        if not (-MAX_NS <= start - offset <= MAX_NS and dur <= MAX_NS):
+            self._skip("X event with ts/dur beyond the int64 ns range")
+            return None
+        if start - offset < 0:
+            self._skip("X event with a negative ts")
+            return None
+        if dur < 0:  # an op still open when the profiler stopped
+            self._skip("negative duration (set to 0)")
+            dur = 0
+        cat = ev.cat
+        if cat.__class__ is not str:
+            cat = None if cat is None else "other"  # a number, a list: not a category
+        mapped = categories.get(cat)
+        if mapped is None:
+            if cat in SKIPPED_CATEGORIES:
+                self.profiler_windows.append((start, start + dur))
+                return None
+            category, kind = (str(cat) if cat else "other"), CPU
+        else:
+            category, kind = mapped
+        corr = args.correlation
+        if corr is not None and corr.__class__ is not int:
+            corr = _int(corr)
+        nbytes = flops = None
+        row_rank = rank
+        if export:
+            device = args.device
+            if mapped is None and device is not UNSET and _int(device) is not None:
+                kind = GPU  # perfdiag's comm/annotation/triton on a GPU queue
+            if rank_from_args and (r := _int(args.rank)) is not None:
+                row_rank = r
+        if kind == GPU:
+            pid = tid = None
+            device = args.device
+            if device is UNSET:
+                device = ev.pid
+            if device.__class__ is not int:
+                device = _int(device)
+            queue = args.stream
+            if queue is UNSET:
+                queue = ev.tid
+            if queue.__class__ is not int:
+                queue = _int(queue)
+            if queue == NO_STREAM:  # a context-wide sync: on no stream (CUDA's -1)
+                queue = None
+            if category == "kernel":
+                if _COMM_KERNEL.match(name):
+                    category = "comm"
+                    nbytes = comm_bytes(args.in_msg_nelems, args.dtype)
+            elif category == "gpu_memcpy" or category == "gpu_memset":
+                nbytes = None if args.bytes is UNSET else _int(args.bytes)
+        else:
+            pid, tid = ev.pid, ev.tid
+            if pid.__class__ is not int or tid.__class__ is not int:
+                pid, tid = _int(pid), _int(tid)
+                if (pid is None) != (ev.pid is None) or (tid is None) != (ev.tid is None):
+                    self._skip("CPU event with a pid/tid that is not an integer")
+                    return None
+            device = queue = None
+            if category == "cpu_op" or category == "annotation":
+                if _COMM_ANNOTATION.match(name):
+                    category = "comm"
+                    nbytes = comm_bytes(args.in_msg_nelems, args.dtype)
+                elif args.flops is not UNSET:
+                    flops = _int(args.flops)
+                elif args.input_dims is not UNSET:  # a CPU torch writes shapes, not flops
+                    flops, nbytes = op_cost(name, self._full_args(ev.args))
+        if export:  # its own figures, whatever the category
+            flops = flops if args.flops is UNSET else _int(args.flops)
+            nbytes = nbytes if args.bytes is UNSET else _int(args.bytes)
+        row = (
+            name, category, start, dur, pid, tid, device, queue, row_rank, None, corr,
+            flops, nbytes, text,
+        )  # fmt: skip
+        by_cat = self.spans_by_category
+        by_cat[category] = by_cat.get(category, 0) + 1
+        return row, corr is None and (
+            category in CORRELATED or (category == "comm" and kind == GPU)
+        )
+
+    def _other(self, ev, ph, args: dict) -> None:
         if ph == "M":
-            self._metadata(ev)
+            self._metadata(ev, args)
         elif ph == "C":
-            self._counter(ev)
-        elif ph in ("i", "I") and ev.get("name") == "[memory]":
-            self._memory(ev)
+            self._counter(ev, args)
+        elif ph in ("i", "I") and ev.name == "[memory]":
+            self._memory(ev, args)
         else:
             self._skip(f"ph={ph} event")
 
-    def _metadata(self, ev: dict) -> None:
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-        what, pid = ev.get("name"), str(ev.get("pid"))
+    def _metadata(self, ev, args: dict) -> None:
+        what, pid = ev.name, str(ev.pid)
         if what == "process_name":
             self.processes.setdefault(pid, {})["name"] = args.get("name")
         elif what == "process_labels":
             self.processes.setdefault(pid, {})["labels"] = args.get("labels")
         elif what == "thread_name":
-            self.threads[f"{pid}/{ev.get('tid')}"] = args.get("name")
+            self.threads[f"{pid}/{ev.tid}"] = args.get("name")
 
-    def _counter(self, ev: dict):
+    def _counter(self, ev, args: dict):
         try:
-            ts = to_ns(ev["ts"]) + self.offset
-        except (KeyError, TypeError, ValueError, ArithmeticError):
+            ts = to_ns(ev.ts) + self.offset
+        except (TypeError, ValueError, ArithmeticError):
             self._skip("counter without ts")
             return
         if not 0 <= ts - self.offset <= MAX_NS:
             self._skip("counter with ts out of range")
             return
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-        name = str(ev.get("name", "counter"))
+        name = "counter" if ev.name is None else str(ev.name)
         for key, value in args.items():
             number = _number(value)
             if number is not None:
                 label = name if len(args) == 1 else f"{name}.{key}"
-                self.add_counter((label, ts, number, f"pid{ev.get('pid')}"))
+                self.add_counter((label, ts, number, f"pid{ev.pid}"))
 
-    def _memory(self, ev: dict):
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+    def _memory(self, ev, args: dict):
         try:
-            ts = to_ns(ev["ts"]) + self.offset
-        except (KeyError, TypeError, ValueError, ArithmeticError):
+            ts = to_ns(ev.ts) + self.offset
+        except (TypeError, ValueError, ArithmeticError):
             self._skip("memory event without ts")
             return
         if not 0 <= ts - self.offset <= MAX_NS:

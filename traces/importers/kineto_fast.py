@@ -1,0 +1,131 @@
+"""The importer's fast front end: Kineto events decoded in native code, a batch at a time.
+
+The stdlib scanner turns every event into a dict, ~2 µs per event (the import's cost);
+msgspec decodes a batch of ~10k events into typed structs (kineto_structs.RawEvent) in
+one call, keeping each event's args as its raw text, and the span rows' args keys are
+then decoded for the whole batch in a second call. What it hands the row builder is
+what the exact front end hands it, so the rows are the same (tests/test_kineto_fast.py
+compares both on every shared trace and on fuzzed ones).
+
+It gives up (FastDecodeFailed) on anything msgspec refuses — a NaN literal, nesting past
+its depth, a batch cut it cannot place — and the caller reads the file again with the
+exact front end, which reads such files or names their error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .chrome_stream import BatchDecodeFailed
+from .kineto_columns import span_batch
+from .kineto_structs import ANY, ARGS, NO_ARGS, RAW_EVENTS, DecodeError
+from .kineto_structs import msgspec as _msgspec
+
+_ONE_ARGS = _msgspec.json.Decoder(type(NO_ARGS), float_hook=str)
+
+
+class FastDecodeFailed(Exception):
+    """The fast front end cannot read this file: use the exact one."""
+
+
+def _decode(text: str):
+    try:
+        return RAW_EVENTS.decode(text)
+    except DecodeError:
+        return None
+
+
+def _one_view(raw):
+    try:
+        return _ONE_ARGS.decode(raw)
+    except DecodeError:  # null, a number, a list: no args
+        return NO_ARGS
+
+
+def raw_args(raw) -> dict:
+    """A non-span event's args as a dict, decoded from its raw text."""
+    if not len(raw):
+        return {}
+    value = ANY.decode(raw)
+    return value if value.__class__ is dict else {}
+
+
+def _views(xs: list) -> tuple[list, pa.StringArray]:
+    """Each X event's Args (NO_ARGS when absent or not an object) and its args text as
+    one Arrow column (null when absent, empty or not an object), built from the raw
+    texts joined once (no Python string per event)."""
+    n = len(xs)
+    raws = [e.args for e in xs]
+    lengths = np.fromiter(map(len, raws), np.int64, n)
+    null = lengths == 0
+    have = np.flatnonzero(~null).tolist()
+    present = raws if len(have) == n else [raws[i] for i in have]
+    try:
+        decoded = ARGS.decode(b"[" + b",".join(present) + b"]")
+    except DecodeError:  # some args are not an object: one at a time
+        decoded = [_one_view(r) for r in present]
+        null[[i for i, v in zip(have, decoded, strict=True) if v is NO_ARGS]] = True
+    if len(have) == n:
+        views = decoded
+    else:
+        views = [NO_ARGS] * n
+        for i, v in zip(have, decoded, strict=True):
+            views[i] = v
+    for i in np.flatnonzero(~null & (lengths < 8)).tolist():  # an empty object: no text
+        if not str(raws[i], "utf-8").strip("{} \t\n\r"):
+            null[i] = True
+    offsets = np.zeros(n + 1, np.int32 if lengths.sum() < 2**31 else np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    string = pa.string() if offsets.dtype == np.int32 else pa.large_string()
+    texts = pa.Array.from_buffers(
+        string, n, [pa.py_buffer(np.packbits(~null, bitorder="little")), pa.py_buffer(offsets),
+                    pa.py_buffer(b"".join(raws))], null_count=int(null.sum()),
+    )  # fmt: skip
+    return views, texts.cast(pa.string())
+
+
+def _others(reader, events: list) -> None:
+    """Non-span events (flows, metadata, counters) through the row builder."""
+    others = [e for e in events if e.ph != "X"]
+    if others:
+        reader._add(others, [NO_ARGS] * len(others), [None] * len(others))
+
+
+def _add_batch(reader, batch: list) -> None:
+    at = [i for i, e in enumerate(batch) if e.ph == "X"]
+    xs = batch if len(at) == len(batch) else [batch[i] for i in at]
+    views, texts = _views(xs)
+    spans = None
+    if xs and reader.add_spans is not None and not reader.perfdiag_export:
+        spans = span_batch(reader, xs, views, texts)
+    if spans is None:  # the row builder, event by event
+        all_views, all_texts = [NO_ARGS] * len(batch), [None] * len(batch)
+        for i, view, text in zip(at, views, texts.to_pylist(), strict=True):
+            all_views[i], all_texts[i] = view, text
+        reader._add(batch, all_views, all_texts)
+        return
+    record_batch, waiting = spans
+    # The flow window is cleared only while no span waits (as the row builder does):
+    # the non-span events before the first waiting span go first, then it and the rest.
+    cut = at[waiting[0][0]] if waiting else len(batch)
+    _others(reader, batch[:cut])
+    reader._pending.extend(entry for _, entry in waiting)
+    _others(reader, batch[cut:])
+    reader.add_spans(record_batch)
+
+
+def read_fast(reader) -> None:
+    """Read `reader`'s whole file through its row builder (KinetoFileReader._add)."""
+    reader.front_end = "fast"
+    reader._full_args = raw_args
+    try:
+        for batch in reader.stream.events(on_start=reader._start, decode_batch=_decode):
+            _add_batch(reader, batch)
+    except BatchDecodeFailed as e:
+        raise FastDecodeFailed(str(e)) from None
+    except RecursionError:  # nested past msgspec's depth: the exact reader skips such events
+        raise FastDecodeFailed("an event nested too deeply") from None
+    if reader.rank is None:
+        reader._start()
+    reader.finish()

@@ -1,0 +1,72 @@
+"""The fields of a Kineto event the importer reads, as msgspec structs.
+
+Both of the importer's front ends hand the same structs to its one row builder
+(kineto_events.KinetoFileReader): the fast one decodes a whole batch of events in native
+code (kineto_fast.py), the exact one converts each dict the stdlib scanner decoded. Every
+field is `Any` (a trace may hold a number where a name belongs; the row builder checks),
+and floats stay their text, as the stdlib scanner's `parse_float=str` keeps them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+UNSET = msgspec.UNSET  # a key absent from args (a present `null` is None)
+
+
+class RawEvent(msgspec.Struct):
+    """One event of the fast front end: `args` is its args object's text as written."""
+
+    ph: Any = None
+    name: Any = None
+    cat: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    id: Any = None
+    args: msgspec.Raw = msgspec.Raw()
+
+
+class Event(msgspec.Struct):
+    """One event of the exact front end: `args` is the decoded dict (or what stood there)."""
+
+    ph: Any = None
+    name: Any = None
+    cat: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    id: Any = None
+    args: Any = None
+
+
+class Args(msgspec.Struct):
+    """The args keys a span's row reads. Where a key's absence differs from its null
+    (`args.get("device", pid)`, `"flops" in args`), the default is UNSET."""
+
+    correlation: Any = None
+    device: Any = UNSET
+    stream: Any = UNSET
+    flops: Any = UNSET
+    bytes: Any = UNSET
+    rank: Any = None
+    dtype: Any = None
+    in_msg_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    input_dims: Any = msgspec.field(default=UNSET, name="Input Dims")
+
+
+NO_ARGS = Args()  # a span whose args are empty or not an object
+
+RAW_EVENTS = msgspec.json.Decoder(list[RawEvent], float_hook=str)
+ARGS = msgspec.json.Decoder(list[Args], float_hook=str)
+ANY = msgspec.json.Decoder(float_hook=str)
+DecodeError = (msgspec.DecodeError, msgspec.ValidationError)
+
+
+def args_view(args: dict) -> Args:
+    """The exact front end's view of a decoded args dict."""
+    return msgspec.convert(args, Args) if args else NO_ARGS
