@@ -18,6 +18,7 @@ import pandas as pd
 from ..traces.reader import Run
 from .ceilings import Ceilings, named, resolve
 from .model_flops import ModelShape, StepShape, for_weight_format, step_totals
+from .run_config import section
 
 LATENCY_FLOOR = 0.25
 
@@ -104,8 +105,8 @@ def find_model_config(config: dict) -> dict | None:
 
 
 def _run_dtype(config: dict) -> str:
-    engine = config.get("engine_config", {}) if isinstance(config, dict) else {}
-    return str(engine.get("dtype") or config.get("dtype") or "bfloat16")
+    dtype = section(config, "engine_config").get("dtype") or section(config).get("dtype")
+    return str(dtype or "bfloat16")
 
 
 def run_gpu(run: Run) -> dict | None:
@@ -136,6 +137,7 @@ class RooflineReport:
     dtype: str
     steps: pd.DataFrame  # per engine step (empty without a model config or steps)
     spans: pd.DataFrame  # per span name and category with flops/bytes (Triton launches, ops)
+    model_note: str | None = None  # why a recorded model config gave no per-step roofline
 
     def to_dict(self) -> dict:
         return {
@@ -144,6 +146,7 @@ class RooflineReport:
             "flops_dtype": self.ceilings.flops_dtype(self.dtype),  # the figure used
             "steps": _records(self.steps),
             "spans": _records(self.spans),
+            "model_note": self.model_note,
         }
 
 
@@ -171,10 +174,14 @@ def roofline_report(
     if ceilings is None and hardware is not None:
         ceilings = named(hardware)
     ceilings = ceilings or resolve(run_device(run), ceilings_dir, gpu=run_gpu(run))
+    note = None
     if model is None and (found := find_model_config(config)):
-        model = ModelShape.from_dict(found, dtype=dtype)
+        try:
+            model = ModelShape.from_dict(found, dtype=dtype)
+        except (ValueError, TypeError, ArithmeticError) as e:  # a config edited or foreign
+            note = f"the run's model config describes no model ({e})"[:300]
         engine = config.get("engine_config") if isinstance(config, dict) else None
-        if isinstance(engine, dict):  # --weights q4_1|q8_0: packed bytes, dequant FLOPs
+        if model is not None and isinstance(engine, dict):  # --weights q4_1|q8_0
             model = for_weight_format(model, engine.get("weight_format"))
     steps = pd.DataFrame()
     if model is not None and len(run.steps):
@@ -201,4 +208,4 @@ def roofline_report(
         # how the time was taken: `triton` (CUDA events), `triton_interpret` (host, NumPy)…
         per_span.insert(1, "category", g.index.get_level_values(1).astype(str))
         per_span.insert(2, "count", g["count"].to_numpy())
-    return RooflineReport(ceilings, dtype, steps, per_span)
+    return RooflineReport(ceilings, dtype, steps, per_span, note)

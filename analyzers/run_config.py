@@ -5,10 +5,17 @@
 from __future__ import annotations
 
 
-def engine_setting(config: dict | None, option: str, section: str, key: str):
+def section(mapping, *keys: str) -> dict:
+    """`mapping[k1][k2]…` when every level is a dict, else {} (a manifest edited by hand
+    or written by another tool may hold anything there)."""
+    for key in keys:
+        mapping = mapping.get(key) if isinstance(mapping, dict) else None
+    return mapping if isinstance(mapping, dict) else {}
+
+
+def engine_setting(config: dict | None, option: str, section_name: str, key: str):
     """The setting, or None when the run did not record it."""
-    config = config or {}
-    engine = (config.get("run_options") or {}).get("engine") or {}
+    engine = section(config, "run_options", "engine")
     if option in engine:
         return engine[option]
-    return ((config.get("engine_config") or {}).get(section) or {}).get(key)
+    return section(config, "engine_config", section_name).get(key)

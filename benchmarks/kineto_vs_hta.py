@@ -1,6 +1,6 @@
 """perfdiag's Kineto import + timeline against HTA 0.5.0's TraceAnalysis parse, on the same
-files, interleaved, each in a fresh interpreter (issue 16), and the JSON decoders that
-could replace the importer's Python one, on the same text.
+files, interleaved, each in a fresh interpreter (issue 16); with --decoders, the JSON
+decoders that could replace the stdlib one, on the same text (msgspec was chosen so).
 
 HTA and the decoders live in their own environment (build/hta-venv, made here on first
 use from PyPI) so they cannot disturb perfdiag's. Traces: the shared real V100 training
@@ -9,7 +9,7 @@ the previous copy, correlation/flow/External ids and step numbers offset): a rea
 trace's content at 100k–1M events. Peak memory is each child's own maximum resident set
 plus its children's (perfdiag's parallel readers, if any).
 
-    .venv/bin/python benchmarks/kineto_vs_hta.py [--rounds 3] [--repeat 6]
+    .venv/bin/python benchmarks/kineto_vs_hta.py [--rounds 3] [--repeat 6 15] [--decoders]
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ t2 = time.perf_counter()
 rep = timeline_report(load_run(sys.argv[2]))
 t3 = time.perf_counter()
 r = resource.getrusage
+assert s.files[0].spans and load_run(sys.argv[2]).manifest.extra["kineto"]["files"][0]["front_end"] == "fast"
 print(json.dumps({"imports_s": t1 - t0, "import_s": t2 - t1, "timeline_s": t3 - t2,
                   "events": s.events, "spans": rep.spans,
                   "rss_mb": r(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -198,7 +199,18 @@ def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeat", type=int, default=6, help="copies of the real trace's events")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        nargs="+",
+        default=[6, 15],
+        help="copies of the real trace's events, one trace per number",
+    )
+    ap.add_argument(
+        "--decoders",
+        action="store_true",
+        help="also time the candidate JSON decoders on the largest trace's text",
+    )
     args = ap.parse_args()
     if not V100.exists():
         raise SystemExit(f"{V100}: the shared real trace is not here")
@@ -212,11 +224,14 @@ def main() -> None:
         real.write_bytes(V100.read_bytes())
         with gzip.open(real, "rt") as f:
             n_real = len(json.load(f)["traceEvents"])
-        big = tmp / f"v100x{args.repeat}.json.gz"
-        n_big = repeated(real, args.repeat, big)
-        for trace, n in ((real, n_real), (big, n_big)):
+        traces = [(real, n_real)]
+        for k in args.repeat:
+            big = tmp / f"v100x{k}.json.gz"
+            traces.append((big, repeated(real, k, big)))
+        for trace, n in traces:
             rows.append(compare(trace, n, args.rounds, hta_py, tmp))
-        decoders = run_child(hta_py, DECODERS_CHILD, big)
+        big, n_big = traces[-1]
+        decoders = run_child(hta_py, DECODERS_CHILD, big) if args.decoders else {}
     print(f"\n{'trace':<18} {'events':>9} {'HTA parse s':>11} {'perfdiag import s':>17} "
           f"{'+timeline s':>11} {'speed-up':>16} {'HTA MB':>7} {'perfdiag MB':>11}")  # fmt: skip
     for r in rows:
@@ -228,7 +243,8 @@ def main() -> None:
         "speed-up: HTA's parse time / perfdiag's import alone, / import + timeline "
         "(the target: 5x import + timeline, memory at most half HTA's)"
     )
-    print(f"\nJSON decoders on the {n_big:,}-event text (decompressed once; build/hta-venv):")
+    if decoders:
+        print(f"\nJSON decoders on the {n_big:,}-event text (decompressed once; build/hta-venv):")
     for name, (secs, n) in decoders.items():
         what = f"{secs:6.2f} s  {n_big / secs:>12,.0f} events/s" if secs else f"failed: {n}"
         print(f"  {name:<32} {what}")

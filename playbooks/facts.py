@@ -25,7 +25,7 @@ from ..analyzers.actions import Action
 from ..analyzers.findings import Evidence, IdList
 from ..analyzers.impact import Impact, impact_of
 from ..analyzers.lifecycle import Missing
-from ..analyzers.run_config import engine_setting
+from ..analyzers.run_config import engine_setting, section
 from ..analyzers.serving import ServingAnalysis, analyze_serving
 from ..traces.reader import Run
 
@@ -137,10 +137,10 @@ class TriageContext:
     @property
     def chunk_size(self) -> int | None:
         """Tokens per prefill chunk; None when chunked prefill is off or not recorded."""
-        engine = self.run_options.get("engine") or {}
+        engine = section(self.run_options, "engine")
         if "chunk_size" in engine:
             return engine["chunk_size"]
-        sched = (self.config.get("engine_config") or {}).get("scheduler") or {}
+        sched = section(self.config, "engine_config", "scheduler")
         return sched.get("chunk_size") if sched.get("enable_chunked_prefill") else None
 
     @property

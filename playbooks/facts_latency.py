@@ -6,6 +6,7 @@ import numpy as np
 
 from ..analyzers.actions import Action, Setting, other_action, run_action
 from ..analyzers.itl import CAUSES
+from ..analyzers.run_config import section
 from ..analyzers.ttft import PARTS
 from .advice import (
     NO_ADVICE,
@@ -355,9 +356,7 @@ def _chunking(ctx: TriageContext) -> str:
     size = ctx.chunk_size
     if size is not None:
         return f"{size} tokens per step"
-    recorded = "chunk_size" in (
-        ctx.run_options.get("engine") or {}
-    ) or "enable_chunked_prefill" in (
-        (ctx.config.get("engine_config") or {}).get("scheduler") or {}
+    recorded = "chunk_size" in section(ctx.run_options, "engine") or (
+        "enable_chunked_prefill" in section(ctx.config, "engine_config", "scheduler")
     )
     return "off" if recorded else "unknown"

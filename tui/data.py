@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..analyzers.findings import Evidence, Finding, Triage
 from ..analyzers.lifecycle import Missing
+from ..analyzers.run_config import section
 from ..playbooks.triage_view import StepView, TriageView, triage_view
 from ..traces.reader import Run, load_run
 from . import fmt
@@ -184,14 +185,14 @@ def config_summary(config: dict) -> list[tuple[str, str]]:
     imported run's importer and traces."""
     out = []
     opts = config.get("run_options") if isinstance(config.get("run_options"), dict) else {}
-    engine = opts.get("engine") or {}
+    engine = section(opts, "engine")
     parts = [f"{k}={_short(engine[k])}" for k in ENGINE_KEYS if engine.get(k) is not None]
     if parts:
         out.append(("engine", " ".join(parts)))
-    model = (config.get("engine_config") or {}).get("model") or {}
+    model = section(config, "engine_config", "model")
     if model:
         out.append(("model", model_summary(model)))
-    w = opts.get("workload") or {}
+    w = section(opts, "workload")
     if w:
         out.append(("workload", workload_summary(w)))
     target = opts.get("target")

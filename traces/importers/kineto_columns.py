@@ -170,8 +170,10 @@ def span_batch(reader, xs: list, views: list, texts: pa.StringArray):
 
     # No flops key: none, unless shapes are there to cost it (the row builder's op_cost).
     flops, flops_present, flops_plain = _ints(
-        [(None if v.input_dims is UNSET else _OTHER) if v.flops is UNSET else v.flops
-         for v in views]
+        [
+            (None if v.input_dims is UNSET else _OTHER) if v.flops is UNSET else v.flops
+            for v in views
+        ]
     )
     special |= named["ops"] & ~flops_plain
     nbytes, bytes_present, bytes_plain = _ints(
