@@ -6,8 +6,9 @@ HTA and the decoders live in their own environment (build/hta-venv, made here on
 use from PyPI) so they cannot disturb perfdiag's. Traces: the shared real V100 training
 trace (68,692 events) and the same trace's events repeated K times (times shifted past
 the previous copy, correlation/flow/External ids and step numbers offset): a real
-trace's content at 100k–1M events. Peak memory is each child's own maximum resident set
-plus its children's (perfdiag's parallel readers, if any).
+trace's content at 100k–1M events. Peak memory is each child's own high-water resident
+set (VmHWM); a child's children (HTA's pool, perfdiag's exact parallel readers) are
+printed apart when there are any.
 
     .venv/bin/python benchmarks/kineto_vs_hta.py [--rounds 3] [--repeat 6 15] [--decoders]
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
 import platform
 import re
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +34,17 @@ V100 = ROOT.parent / "shared/data/kineto/v100_train_ns_resolution.json.gz"
 HTA_VENV = ROOT / "build/hta-venv"
 HTA_PACKAGES = ["holistictraceanalysis==0.5.0", "orjson", "msgspec", "pysimdjson", "duckdb"]
 
-HTA_CHILD = r"""
+# Peak memory: the process's own high-water mark (VmHWM, reset at exec; ru_maxrss is not:
+# a child would report its parent's peak), and its children's largest ru_maxrss apart.
+HWM = r"""
+def hwm_mb():
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")) / 1024
+"""
+
+HTA_CHILD = (
+    HWM
+    + r"""
 import json, logging, resource, sys, time
 logging.disable(logging.WARNING)
 t0 = time.perf_counter()
@@ -41,11 +54,14 @@ TraceAnalysis(trace_dir=sys.argv[1])
 t2 = time.perf_counter()
 r = resource.getrusage
 print(json.dumps({"imports_s": t1 - t0, "parse_s": t2 - t1,
-                  "rss_mb": r(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_mb": hwm_mb(),
                   "children_rss_mb": r(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
+)
 
-PERFDIAG_CHILD = r"""
+PERFDIAG_CHILD = (
+    HWM
+    + r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from perfdiag.traces.importers.kineto import import_kineto
@@ -57,12 +73,14 @@ t2 = time.perf_counter()
 rep = timeline_report(load_run(sys.argv[2]))
 t3 = time.perf_counter()
 r = resource.getrusage
-assert s.files[0].spans and load_run(sys.argv[2]).manifest.extra["kineto"]["files"][0]["front_end"] == "fast"
+meta = load_run(sys.argv[2]).manifest.extra["kineto"]["files"][0]
+assert meta["front_end"] == "fast", meta["front_end"]  # the fast front end read it
 print(json.dumps({"imports_s": t1 - t0, "import_s": t2 - t1, "timeline_s": t3 - t2,
                   "events": s.events, "spans": rep.spans,
-                  "rss_mb": r(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_mb": hwm_mb(),
                   "children_rss_mb": r(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
+)
 
 DECODERS_CHILD = r"""
 import gzip, json, sys, time
@@ -190,10 +208,13 @@ def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
     hs = statistics.median(x["parse_s"] for x in h)
     pi = statistics.median(x["import_s"] for x in p)
     pt = statistics.median(x["import_s"] + x["timeline_s"] for x in p)
-    hm = max(x["rss_mb"] + x["children_rss_mb"] for x in h)
-    pm = max(x["rss_mb"] + x["children_rss_mb"] for x in p)
+    hm = max(x["rss_mb"] for x in h)
+    pm = max(x["rss_mb"] for x in p)
+    hc = max(x["children_rss_mb"] for x in h)
+    pc = max(x["children_rss_mb"] for x in p)
     return {"trace": trace.name, "events": events, "hta_s": hs, "import_s": pi, "total_s": pt,
-            "hta_mb": hm, "perfdiag_mb": pm}  # fmt: skip
+            "hta_mb": hm, "perfdiag_mb": pm, "hta_children_mb": hc,
+            "perfdiag_children_mb": pc}  # fmt: skip
 
 
 def main() -> None:
@@ -225,9 +246,11 @@ def main() -> None:
         with gzip.open(real, "rt") as f:
             n_real = len(json.load(f)["traceEvents"])
         traces = [(real, n_real)]
-        for k in args.repeat:
-            big = tmp / f"v100x{k}.json.gz"
-            traces.append((big, repeated(real, k, big)))
+        ctx = multiprocessing.get_context("spawn")  # the copies are built outside this
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:  # process: it stays small
+            for k in args.repeat:
+                big = tmp / f"v100x{k}.json.gz"
+                traces.append((big, pool.submit(repeated, real, k, big).result()))
         for trace, n in traces:
             rows.append(compare(trace, n, args.rounds, hta_py, tmp))
         big, n_big = traces[-1]
@@ -238,7 +261,10 @@ def main() -> None:
         alone, total = r["hta_s"] / r["import_s"], r["hta_s"] / r["total_s"]
         print(f"{r['trace']:<18} {r['events']:>9,} {r['hta_s']:>11.2f} {r['import_s']:>17.2f} "
               f"{r['total_s']:>11.2f} {alone:>6.2f}x /{total:>5.2f}x "
-              f"{r['hta_mb']:>7.0f} {r['perfdiag_mb']:>11.0f}")  # fmt: skip
+              f"{r['hta_mb']:>7.0f} {r['perfdiag_mb']:>11.0f}"
+              + (f"  (children: HTA {r['hta_children_mb']:.0f} MB, perfdiag "
+                 f"{r['perfdiag_children_mb']:.0f} MB)"
+                 if r["hta_children_mb"] or r["perfdiag_children_mb"] else ""))  # fmt: skip
     print(
         "speed-up: HTA's parse time / perfdiag's import alone, / import + timeline "
         "(the target: 5x import + timeline, memory at most half HTA's)"

@@ -25,7 +25,10 @@ def import_trace(
     jobs: Annotated[
         int | None,
         typer.Option(
-            help="Processes per large trace (default: one per core, at most 4).", min=1, max=256
+            help="Processes per large trace when the exact reader reads it (the fast one is a "
+            "single process; default: one per core, at most 4).",
+            min=1,
+            max=256,
         ),
     ] = None,
     rank: Annotated[

@@ -104,7 +104,7 @@ def test_a_real_trace_is_imported_by_the_fast_front_end(tmp_path):
     mutations=st.lists(
         st.tuples(
             st.integers(0, len(BASE["traceEvents"]) - 1),
-            st.sampled_from(FIELDS + [f"args.{a}" for a in ARG_FIELDS + ["Input Dims"]]),
+            st.sampled_from(FIELDS + [f"args.{a}" for a in [*ARG_FIELDS, "Input Dims"]]),
             nasty,
             st.booleans(),
         ),
