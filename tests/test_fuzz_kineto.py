@@ -30,6 +30,21 @@ FIELDS = ["ts", "dur", "pid", "tid", "name", "cat", "ph", "args", "id"]
 ARG_FIELDS = ["correlation", "device", "stream", "bytes", "flops", "In msg nelems", "dtype"]
 
 
+def mutate(event: dict, field: str, value, delete: bool) -> bool:
+    """Set or delete `field` ("args.X" inside args) of `event`; False when its args are
+    not an object (nothing to set)."""
+    target, key = event, field
+    if field.startswith("args."):
+        target, key = event.setdefault("args", {}), field[5:]
+        if not isinstance(target, dict):
+            return False
+    if delete:
+        target.pop(key, None)
+    else:
+        target[key] = value
+    return True
+
+
 def _strict(text: str):
     def refuse(constant):
         raise ValueError(f"not strict JSON: {constant}")
@@ -80,16 +95,8 @@ def _import_and_check(trace: Path, out: Path, expected_x: int) -> None:
 def test_a_mutated_event(tmp_path_factory, index, field, value, delete):
     tmp = tmp_path_factory.mktemp("kineto")
     doc = json.loads(json.dumps(BASE))
-    event = doc["traceEvents"][index]
-    target, key = event, field
-    if field.startswith("args."):
-        target, key = event.setdefault("args", {}), field[5:]
-        if not isinstance(target, dict):
-            return
-    if delete:
-        target.pop(key, None)
-    else:
-        target[key] = value
+    if not mutate(doc["traceEvents"][index], field, value, delete):
+        return
     x_events = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X")
     _import_and_check(_write(doc, tmp / "t.json"), tmp / "run", x_events)
 

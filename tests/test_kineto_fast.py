@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fuzz_kineto import ARG_FIELDS, BASE, FIELDS, nasty
+from test_fuzz_kineto import ARG_FIELDS, BASE, FIELDS, mutate, nasty
 
 import perfdiag
 from perfdiag.traces.importers import chrome_stream
@@ -116,15 +116,7 @@ def test_a_real_trace_is_imported_by_the_fast_front_end(tmp_path):
 def test_mutated_traces_read_the_same(tmp_path_factory, mutations, copies):
     doc = json.loads(json.dumps(BASE))
     for index, field, value, delete in mutations:
-        target, key = doc["traceEvents"][index], field
-        if field.startswith("args."):
-            target, key = target.setdefault("args", {}), field[5:]
-            if not isinstance(target, dict):
-                continue
-        if delete:
-            target.pop(key, None)
-        else:
-            target[key] = value
+        mutate(doc["traceEvents"][index], field, value, delete)
     doc["traceEvents"] = doc["traceEvents"] * copies  # several batches
     path = tmp_path_factory.mktemp("fast") / "t.json"
     path.write_text(json.dumps(doc, allow_nan=True))

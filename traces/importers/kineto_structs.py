@@ -16,9 +16,7 @@ import msgspec
 UNSET = msgspec.UNSET  # a key absent from args (a present `null` is None)
 
 
-class RawEvent(msgspec.Struct):
-    """One event of the fast front end: `args` is its args object's text as written."""
-
+class _Fields(msgspec.Struct):
     ph: Any = None
     name: Any = None
     cat: Any = None
@@ -27,20 +25,17 @@ class RawEvent(msgspec.Struct):
     pid: Any = None
     tid: Any = None
     id: Any = None
+
+
+class RawEvent(_Fields):
+    """One event of the fast front end: `args` is its args object's text as written."""
+
     args: msgspec.Raw = msgspec.Raw()
 
 
-class Event(msgspec.Struct):
+class Event(_Fields):
     """One event of the exact front end: `args` is the decoded dict (or what stood there)."""
 
-    ph: Any = None
-    name: Any = None
-    cat: Any = None
-    ts: Any = None
-    dur: Any = None
-    pid: Any = None
-    tid: Any = None
-    id: Any = None
     args: Any = None
 
 
