@@ -138,7 +138,7 @@ def import_kineto(
     bases = [i.base_time_ns or 0 for i in ids] if len(files) > 1 else [None]
     # The fast front end first; a file it cannot read is read again by the exact one
     # (in parallel when large), and a parallel read that cannot be trusted by one process.
-    modes = iter([("fast", 1)] * fast + [("exact", jobs), ("exact", 1)])
+    modes = iter(([("fast", 1)] if fast else []) + [("exact", jobs), ("exact", 1)])
     mode = next(modes)
     while True:
         try:
@@ -279,6 +279,7 @@ def _read_file(path: Path, ident, offset: int, spans, counters, mode):
             "threads": merged["threads"],
             "profiler_windows": merged["windows"],
             "workers": workers,
+            "front_end": "exact",
         }
         return fs, header, _file_meta(path, fs, extra, header)
     reader = KinetoFileReader(
@@ -342,7 +343,7 @@ def _file_meta(path: Path, fs: FileSummary, extra: dict, header: dict) -> dict:
         "flows_linked": fs.flows_linked,
         "trace_name": header.get("traceName"),
         "workers": extra["workers"],
-        "front_end": extra.get("front_end", "exact"),  # fast: the native decoder read it
+        "front_end": extra["front_end"],  # fast: the native decoder read it
         "profiler_windows": extra["profiler_windows"][:16],
         "processes": dict(list(extra["processes"].items())[:64]),
         "threads": dict(list(extra["threads"].items())[:256]),

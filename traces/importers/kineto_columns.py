@@ -41,6 +41,8 @@ _WAITING = pa.array(
 )
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError)
 _OTHER = object()  # a value only the row builder reads (kept out of the int columns)
+# The row builder's row[4:13], by column (step_id is never set by an import).
+_ROW_INTS = ("pid", "tid", "device", "stream", "rank", None, "correlation", "flops", "bytes")
 
 
 def _bools(arr: pa.Array) -> np.ndarray:
@@ -190,8 +192,10 @@ def span_batch(reader, xs: list, views: list, texts: pa.StringArray):
         "flops": flops_present & named["ops"], "bytes": bytes_present & named["mem"],
         "correlation": corr_present,
     }  # fmt: skip
+    rank = np.full(n, reader.rank if reader.rank is not None else 0, np.int64)
     values = {"pid": pid, "tid": tid, "device": device, "stream": stream, "flops": flops,
-              "bytes": nbytes, "correlation": corr}  # fmt: skip
+              "bytes": nbytes, "correlation": corr, "rank": rank}  # fmt: skip
+    present["rank"] = np.full(n, reader.rank is not None)
 
     regular = ~special
     counts = np.bincount(cat_code[regular], minlength=len(cats.values))
@@ -201,8 +205,6 @@ def span_batch(reader, xs: list, views: list, texts: pa.StringArray):
             by_cat[category] = by_cat.get(category, 0) + count
 
     keep = np.ones(n, bool)
-    rank_present = np.full(n, reader.rank is not None)
-    rank = np.full(n, reader.rank if reader.rank is not None else 0, np.int64)
     waiting = []
     for j in np.flatnonzero(special).tolist():
         got = reader._span_row(xs[j], views[j], texts[j].as_py())
@@ -213,12 +215,10 @@ def span_batch(reader, xs: list, views: list, texts: pa.StringArray):
             continue
         row = got[0]
         name_code[j], cat_code[j], start[j], dur[j] = names[row[0]], cats[row[1]], *row[2:4]
-        for key, value in zip(("pid", "tid", "device", "stream", "rank"), row[4:9], strict=True):
-            (rank if key == "rank" else values[key])[j] = 0 if value is None else value
-            (rank_present if key == "rank" else present[key])[j] = value is not None
-        for key, value in zip(("correlation", "flops", "bytes"), row[10:13], strict=True):
-            values[key][j] = 0 if value is None else value
-            present[key][j] = value is not None
+        for key, value in zip(_ROW_INTS, row[4:13], strict=True):
+            if key is not None:
+                values[key][j] = 0 if value is None else value
+                present[key][j] = value is not None
 
     def ints(v: np.ndarray, ok: np.ndarray) -> pa.Array:
         return pa.array(v[keep], pa.int64(), mask=~ok[keep])
@@ -229,7 +229,7 @@ def span_batch(reader, xs: list, views: list, texts: pa.StringArray):
         pa.array(start[keep], pa.int64()), pa.array(dur[keep], pa.int64()),
         ints(values["pid"], present["pid"]), ints(values["tid"], present["tid"]),
         ints(values["device"], present["device"]), ints(values["stream"], present["stream"]),
-        ints(rank, rank_present), pa.nulls(int(keep.sum()), pa.int64()),
+        ints(values["rank"], present["rank"]), pa.nulls(int(keep.sum()), pa.int64()),
         ints(values["correlation"], present["correlation"]),
         ints(values["flops"], present["flops"]), ints(values["bytes"], present["bytes"]),
         kept,

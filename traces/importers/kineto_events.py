@@ -26,7 +26,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from .chrome_stream import ChromeTraceStream
-from .kineto_structs import UNSET, Event, args_view
+from .kineto_structs import UNSET, Event, args_view, full_args
 from .op_cost import op_cost
 
 NO_STREAM = 2**32 - 1  # how Kineto writes a stream of -1 (uint32)
@@ -118,11 +118,6 @@ def _number(value) -> float | None:
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _dict_args(args) -> dict:
-    """A non-span event's args as a dict (the exact front end decoded them already)."""
-    return args if args.__class__ is dict else {}
-
-
 def comm_bytes(nelems, dtype) -> int | None:
     """A collective's input message size from Kineto's record_param_comms args
     (`In msg nelems`, `dtype`)."""
@@ -162,16 +157,12 @@ class KinetoFileReader:
         `perfdiag_export`: the file is perfdiag's own Chrome/TensorBoard export (its
         spans' args say where they ran); `rank_from_args`: a span's own `rank` arg wins
         over the file's rank (an export of several ranks in one file)."""
-        self.path = path
         self.add_span, self.add_counter, self.add_spans = add_span, add_counter, add_spans
         self.perfdiag_export = perfdiag_export
         self.rank_from_args = rank_from_args
         self.rank_of = rank_of
         self.offset = time_offset_ns
-        self._reset()
-
-    def _reset(self) -> None:
-        self.stream = ChromeTraceStream(self.path)
+        self.stream = ChromeTraceStream(path)
         self.rank: int | None = None
         self.spans_by_category: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
@@ -183,7 +174,6 @@ class KinetoFileReader:
         self.front_end = "exact"
         self._flows: dict[tuple, int] = {}
         self._pending: list[tuple[tuple, tuple]] = []  # spans waiting for a flow
-        self._full_args = _dict_args
 
     def _skip(self, what: str) -> None:
         self.skipped[what] = self.skipped.get(what, 0) + 1
@@ -198,12 +188,9 @@ class KinetoFileReader:
         when it cannot read the file, after which the caller discards what it was handed
         and reads again with `fast=False`."""
         if fast and start == 0 and stop is None:
-            from .kineto_fast import FastDecodeFailed, read_fast
+            from .kineto_fast import read_fast  # imports this module: loaded when used
 
-            try:
-                read_fast(self)
-            except FastDecodeFailed as e:
-                raise FastReadFailed(str(e)) from None
+            read_fast(self)
             return
         self._read_exact(start, stop)
 
@@ -265,7 +252,7 @@ class KinetoFileReader:
         Args (NO_ARGS when its args are empty or not an object), `texts[i]` its args
         text (None when empty)."""
         add_span, other, span_row = self.add_span, self._other, self._span_row
-        pending, flows, full_args = self._pending, self._flows, self._full_args
+        pending, flows = self._pending, self._flows
         for ev, args, text in zip(events, views, texts, strict=True):
             ph = ev.ph
             if ph != "X":
@@ -395,7 +382,7 @@ class KinetoFileReader:
                 elif args.flops is not UNSET:
                     flops = _int(args.flops)
                 elif args.input_dims is not UNSET:  # a CPU torch writes shapes, not flops
-                    flops, nbytes = op_cost(name, self._full_args(ev.args))
+                    flops, nbytes = op_cost(name, full_args(ev.args))
         if export:  # its own figures, whatever the category
             flops = flops if args.flops is UNSET else _int(args.flops)
             nbytes = nbytes if args.bytes is UNSET else _int(args.bytes)

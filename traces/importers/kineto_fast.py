@@ -7,7 +7,7 @@ then decoded for the whole batch in a second call. What it hands the row builder
 what the exact front end hands it, so the rows are the same (tests/test_kineto_fast.py
 compares both on every shared trace and on fuzzed ones).
 
-It gives up (FastDecodeFailed) on anything msgspec refuses — a NaN literal, nesting past
+It gives up (FastReadFailed) on anything msgspec refuses — a NaN literal, nesting past
 its depth, a batch cut it cannot place — and the caller reads the file again with the
 exact front end, which reads such files or names their error.
 """
@@ -19,14 +19,8 @@ import pyarrow as pa
 
 from .chrome_stream import BatchDecodeFailed
 from .kineto_columns import span_batch
-from .kineto_structs import ANY, ARGS, NO_ARGS, RAW_EVENTS, DecodeError
-from .kineto_structs import msgspec as _msgspec
-
-_ONE_ARGS = _msgspec.json.Decoder(type(NO_ARGS), float_hook=str)
-
-
-class FastDecodeFailed(Exception):
-    """The fast front end cannot read this file: use the exact one."""
+from .kineto_events import FastReadFailed
+from .kineto_structs import ARGS, NO_ARGS, ONE_ARGS, RAW_EVENTS, DecodeError
 
 
 def _decode(text: str):
@@ -38,17 +32,9 @@ def _decode(text: str):
 
 def _one_view(raw):
     try:
-        return _ONE_ARGS.decode(raw)
+        return ONE_ARGS.decode(raw)
     except DecodeError:  # null, a number, a list: no args
         return NO_ARGS
-
-
-def raw_args(raw) -> dict:
-    """A non-span event's args as a dict, decoded from its raw text."""
-    if not len(raw):
-        return {}
-    value = ANY.decode(raw)
-    return value if value.__class__ is dict else {}
 
 
 def _views(xs: list) -> tuple[list, pa.StringArray]:
@@ -75,14 +61,16 @@ def _views(xs: list) -> tuple[list, pa.StringArray]:
     for i in np.flatnonzero(~null & (lengths < 8)).tolist():  # an empty object: no text
         if not str(raws[i], "utf-8").strip("{} \t\n\r"):
             null[i] = True
-    offsets = np.zeros(n + 1, np.int32 if lengths.sum() < 2**31 else np.int64)
+    if lengths.sum() >= 2**31:  # a batch is ~2 MB: only a single 2 GB event gets here
+        raise FastReadFailed("an event's args beyond 2 GB")
+    offsets = np.zeros(n + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    string = pa.string() if offsets.dtype == np.int32 else pa.large_string()
     texts = pa.Array.from_buffers(
-        string, n, [pa.py_buffer(np.packbits(~null, bitorder="little")), pa.py_buffer(offsets),
-                    pa.py_buffer(b"".join(raws))], null_count=int(null.sum()),
+        pa.string(), n, [pa.py_buffer(np.packbits(~null, bitorder="little")),
+                         pa.py_buffer(offsets), pa.py_buffer(b"".join(raws))],
+        null_count=int(null.sum()),
     )  # fmt: skip
-    return views, texts.cast(pa.string())
+    return views, texts
 
 
 def _others(reader, events: list) -> None:
@@ -118,14 +106,13 @@ def _add_batch(reader, batch: list) -> None:
 def read_fast(reader) -> None:
     """Read `reader`'s whole file through its row builder (KinetoFileReader._add)."""
     reader.front_end = "fast"
-    reader._full_args = raw_args
     try:
         for batch in reader.stream.events(on_start=reader._start, decode_batch=_decode):
             _add_batch(reader, batch)
     except BatchDecodeFailed as e:
-        raise FastDecodeFailed(str(e)) from None
+        raise FastReadFailed(str(e)) from None
     except RecursionError:  # nested past msgspec's depth: the exact reader skips such events
-        raise FastDecodeFailed("an event nested too deeply") from None
+        raise FastReadFailed("an event nested too deeply") from None
     if reader.rank is None:
         reader._start()
     reader.finish()

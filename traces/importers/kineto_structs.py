@@ -58,8 +58,20 @@ NO_ARGS = Args()  # a span whose args are empty or not an object
 
 RAW_EVENTS = msgspec.json.Decoder(list[RawEvent], float_hook=str)
 ARGS = msgspec.json.Decoder(list[Args], float_hook=str)
+ONE_ARGS = msgspec.json.Decoder(Args, float_hook=str)
 ANY = msgspec.json.Decoder(float_hook=str)
 DecodeError = (msgspec.DecodeError, msgspec.ValidationError)
+
+
+def full_args(args) -> dict:
+    """An event's whole args as a dict: the exact front end's decoded dict, or the fast
+    one's raw text decoded now (only non-span events and shape-costed ops need it)."""
+    if args.__class__ is dict:
+        return args
+    if args.__class__ is msgspec.Raw and len(args):
+        value = ANY.decode(args)
+        return value if value.__class__ is dict else {}
+    return {}
 
 
 def args_view(args: dict) -> Args:
