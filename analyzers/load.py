@@ -42,9 +42,12 @@ class OfferedLoad:
     mode: str | None  # open | closed (None: the run does not say)
     target_rate_rps: float | None
     planned_rate_rps: float  # the schedule drawn (scheduled_send), NaN in a closed loop
-    offered_rate_rps: float  # requests actually sent per second
+    offered_rate_rps: float  # requests actually sent per second (after any cap's wait)
+    issued_rate_rps: float  # requests the client itself issued per second (before a cap)
     offered_vs_target: float
-    under_delivered: bool  # offered < 90% of planned: the client fell behind its schedule
+    # issued < 90% of planned: the client itself fell behind its schedule (a concurrency
+    # cap holding requests back is back-pressure, not a late client)
+    under_delivered: bool
     lateness_s: Dist
     late_share: float
 
@@ -135,7 +138,10 @@ def _rate(t: np.ndarray) -> float:
 
 def _offered(r: pd.DataFrame, arrival: dict) -> OfferedLoad:
     planned = _rate(r["t_scheduled_send"].to_numpy())
-    offered = _rate(r["t_sent"].to_numpy())
+    sent = r["t_sent"].to_numpy()
+    offered = _rate(sent)
+    # When a request was issued: its creation, or its send where the run has no creation.
+    issued = _rate(np.where(np.isnan(r["t_created"].to_numpy()), sent, r["t_created"].to_numpy()))
     target = arrival.get("rate")
     late = (r["t_created"].to_numpy() - r["t_scheduled_send"].to_numpy()) / NS
     late = late[~np.isnan(late)]
@@ -144,8 +150,9 @@ def _offered(r: pd.DataFrame, arrival: dict) -> OfferedLoad:
         target_rate_rps=None if target is None else float(target),
         planned_rate_rps=float(planned),
         offered_rate_rps=float(offered),
+        issued_rate_rps=float(issued),
         offered_vs_target=float(offered / target) if target else float("nan"),
-        under_delivered=bool(planned == planned and offered < 0.9 * planned),
+        under_delivered=bool(planned == planned and issued < 0.9 * planned),
         lateness_s=Dist.of(late),
         late_share=float((late > LATE_S).mean()) if len(late) else float("nan"),
     )

@@ -234,11 +234,11 @@ def _load(load) -> None:
     t = Table("load check", "value", title="load (triage step 2)")
     t.add_row("mode / target rate", f"{o.mode or '–'} / {_num(o.target_rate_rps)} req/s")
     t.add_row(
-        "planned / offered rate",
-        f"{_num(o.planned_rate_rps)} / {_num(o.offered_rate_rps)} req/s"
+        "planned / issued / offered rate",
+        f"{_num(o.planned_rate_rps)} / {_num(o.issued_rate_rps)} / {_num(o.offered_rate_rps)} req/s"
         f" ({_pct(o.offered_vs_target)} of target)",
     )
-    t.add_row("offered below 90% of the plan", _yes(o.under_delivered))
+    t.add_row("issued below 90% of the plan", _yes(o.under_delivered))
     t.add_row(
         "lateness p50 / p99 / max (ms)",
         f"{_ms(o.lateness_s.p50)} / {_ms(o.lateness_s.p99)} / {_ms(o.lateness_s.max)}"

@@ -36,7 +36,8 @@ FACT_MEASURES: dict[str, Measure] = {
     # step 2
     "back_pressure": Measure("requests held back by the client's cap", "%"),
     "wait_growth": Measure("TTFT growth per second of load", "s/s"),
-    "client_behind_schedule": Measure("offered rate below the client's plan", "%"),
+    "client_behind_schedule": Measure("issued rate below the client's plan", "%"),
+    "sent_below_plan": Measure("sent rate below the client's plan", "%"),
     "burst_queueing": Measure("TTFT queued because of bursts", "%"),
     "schedule_vs_target": Measure("drawn schedule's rate off the target", "%"),
     "littles_law_gap": Measure("Little's law gap (|λ·W − L| / L)", "%"),

@@ -100,10 +100,40 @@ def back_pressure(ctx: TriageContext) -> Fact | Unavailable:
     return Fact(float(value), evidence, ids, impact=impact, action=action)
 
 
-@fact("client_behind_schedule", provides=("planned_rps", "offered_rps", "late_pct", "late_p99_ms"))
+@fact(
+    "client_behind_schedule",
+    provides=("planned_rps", "issued_rps", "offered_rps", "late_pct", "late_p99_ms"),
+)
 def client_behind_schedule(ctx: TriageContext) -> Fact | Unavailable:
-    """How far the client's offered rate fell below its own plan (1 − offered / planned):
-    the load generator itself could not keep up (open loop only)."""
+    """How far the rate the client issued requests at fell below its own plan
+    (1 − issued / planned): the load generator itself could not keep up (open loop only).
+    Issued is when a request was due and created, before any concurrency cap held it:
+    a full cap is back-pressure (client-back-pressure), not a late client."""
+    load = ctx.get("load")
+    if load is None:
+        return ctx.missing("load")
+    o = load.offered
+    if not finite(o.planned_rate_rps) or o.planned_rate_rps <= 0:
+        return Unavailable("no send schedule (a closed loop, or no scheduled_send events)")
+    value = max(0.0, 1.0 - o.issued_rate_rps / o.planned_rate_rps)
+    evidence = (
+        ev("planned_rps", "planned rate", o.planned_rate_rps, "req/s"),
+        ev("issued_rps", "issued rate (before a cap)", o.issued_rate_rps, "req/s"),
+        ev("offered_rps", "offered rate (sent)", o.offered_rate_rps, "req/s"),
+        ev("late_pct", "sent > 1 ms late", o.late_share, "%"),
+        ev("late_p99_ms", "lateness p99", ms(o.lateness_s.p99), "ms"),
+    )
+    per_request = ctx.serving.metrics.per_request if ctx.get("metrics") is not None else None
+    ids = () if per_request is None else (worst(per_request, "lateness_s", "sent latest"),)
+    return Fact(value, evidence, ids, impact=value)
+
+
+@fact("sent_below_plan", provides=("planned_rps", "offered_rps"))
+def sent_below_plan(ctx: TriageContext) -> Fact | Unavailable:
+    """How far the rate requests were actually sent at fell below the client's plan
+    (1 − sent / planned, open loop only), for whatever reason: the client was late, or a
+    concurrency cap held requests until the engine finished others. The symptom of low
+    throughput; client-back-pressure and client-behind-schedule say which."""
     load = ctx.get("load")
     if load is None:
         return ctx.missing("load")
@@ -113,13 +143,9 @@ def client_behind_schedule(ctx: TriageContext) -> Fact | Unavailable:
     value = max(0.0, 1.0 - o.offered_rate_rps / o.planned_rate_rps)
     evidence = (
         ev("planned_rps", "planned rate", o.planned_rate_rps, "req/s"),
-        ev("offered_rps", "offered rate", o.offered_rate_rps, "req/s"),
-        ev("late_pct", "sent > 1 ms late", o.late_share, "%"),
-        ev("late_p99_ms", "lateness p99", ms(o.lateness_s.p99), "ms"),
+        ev("offered_rps", "offered rate (sent)", o.offered_rate_rps, "req/s"),
     )
-    per_request = ctx.serving.metrics.per_request if ctx.get("metrics") is not None else None
-    ids = () if per_request is None else (worst(per_request, "lateness_s", "sent latest"),)
-    return Fact(value, evidence, ids, impact=value)
+    return Fact(value, evidence, (), impact=value)
 
 
 @fact(

@@ -71,7 +71,29 @@ def test_back_pressure_fires_when_the_cap_is_full(tmp_path):
     assert bp.blocked_wait_s.count == 8 and bp.blocked_wait_s.p50 == pytest.approx(7.5 * MS)
     assert bp.total_wait_s == pytest.approx(60 * MS)
     o = check(tmp_path / "capped", steady=False).offered
-    assert o.offered_rate_rps == pytest.approx(9 / (21 * MS)) and o.under_delivered
+    assert o.offered_rate_rps == pytest.approx(9 / (21 * MS))
+    # the client issued every request on time: the cap held them, the client was not late
+    assert o.issued_rate_rps == pytest.approx(1000) and not o.under_delivered
+
+
+def late_client(path, n=10):
+    """Due every 1 ms, but the client issues one only every 2 ms (a busy event loop)."""
+    requests, events = [], []
+    for i in range(n):
+        rid = f"l{i}"
+        requests.append(runs.Request(rid, 4, 1, None, "stop"))
+        events += [
+            runs.client(rid, "scheduled_send", i), runs.client(rid, "created", 2 * i),
+            runs.client(rid, "sent", 2 * i), runs.client(rid, "first_token", 2 * i + 5),
+            runs.client(rid, "chunk", 2 * i + 5, 1), runs.client(rid, "done", 2 * i + 5, 1),
+        ]  # fmt: skip
+    return runs.write(path, requests, events, arrival={"mode": "open", "rate": 1000.0})
+
+
+def test_a_client_that_issues_late_fell_behind_its_plan(tmp_path):
+    o = check(late_client(tmp_path / "late"), steady=False).offered
+    assert o.issued_rate_rps == pytest.approx(500) and o.under_delivered
+    assert o.late_share == pytest.approx(0.8)  # l2…l9: i ms late, more than 1 ms
 
 
 def test_a_cap_that_is_never_reached_is_no_back_pressure(tmp_path):

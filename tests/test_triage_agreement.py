@@ -158,7 +158,7 @@ def test_outcomes_read_with_their_unit_and_threshold(recorded):
     # a passed share reads as a percentage against the check's threshold, never bare
     line = next(x for x in checks.splitlines() if "`client-behind-schedule`" in x)
     assert re.search(
-        r"passed: offered rate below the client's plan [<\d.,]+% \(fires at ≥ 10%\)", line
+        r"passed: issued rate below the client's plan [<\d.,]+% \(fires at ≥ 10%\)", line
     )
     line = next(x for x in checks.splitlines() if "`over-capacity`" in x)
     assert "TTFT growth per second of load" in line and "s/s (fires at ≥ 0.1 s/s)" in line

@@ -69,8 +69,9 @@ def numbers(load) -> Table:
     rows = [
         ("mode / target", f"{o.mode or '?'} / {fmt.rate(o.target_rate_rps, rps)}"),
         (
-            "planned → offered",
-            f"{fmt.rate(o.planned_rate_rps, rps)} → {fmt.rate(o.offered_rate_rps, rps)} "
+            "planned → issued → offered",
+            f"{fmt.rate(o.planned_rate_rps, rps)} → {fmt.rate(o.issued_rate_rps, rps)} → "
+            f"{fmt.rate(o.offered_rate_rps, rps)} "
             f"({fmt.pct(o.offered_vs_target)} of target)",
         ),
         ("fell behind its plan", "yes" if o.under_delivered else "no"),
