@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import ConfigError
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "qwen2_moe")
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("sdpa", "naive")
@@ -53,7 +53,8 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP."""
+    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP; with
+    `num_experts` > 0 every layer's MLP is a Qwen2-MoE sparse block (engine_ref/moe.py)."""
 
     vocab_size: int
     hidden_size: int
@@ -77,6 +78,15 @@ class ModelConfig:
     # It is part of the prefix-cache fingerprint, so another checkpoint never hits.
     weights: str = "random"
     name: str = "custom"
+    # Mixture of experts (Qwen2-MoE): 0 experts = a dense MLP of `intermediate_size`.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # each routed expert's SwiGLU width
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
+    # Added to these experts' router logits before the softmax: (expert, bias) pairs. A
+    # real change of routing (a fault for the scenarios), and part of the fingerprint.
+    router_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.head_dim == 0 and self.num_heads > 0:
@@ -100,17 +110,61 @@ class ModelConfig:
             *(() if self.bos_token_id is None else (self.bos_token_id,)),
         ):
             _require(0 <= t < self.vocab_size, f"special token id {t} outside the vocabulary")
+        object.__setattr__(
+            self, "router_bias", tuple((int(e), float(b)) for e, b in self.router_bias)
+        )
+        if self.num_experts or self.architecture == "qwen2_moe":
+            self._check_moe()
+
+    def _check_moe(self) -> None:
+        e, k = self.num_experts, self.num_experts_per_tok
+        _require(e >= 1, "a qwen2_moe model needs num_experts >= 1")
+        _require(1 <= k <= e, f"num_experts_per_tok must be within [1, {e}], got {k}")
+        _require(self.moe_intermediate_size >= 1, "moe_intermediate_size must be >= 1")
+        _require(self.shared_expert_intermediate_size >= 0,
+                 "shared_expert_intermediate_size must be >= 0")  # fmt: skip
+        for x, b in self.router_bias:
+            _require(0 <= x < e, f"router bias names expert {x}; the model has 0..{e - 1}")
+            _require(math.isfinite(b), f"router bias of expert {x} must be finite")
 
     @property
-    def num_params(self) -> int:
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def _param_counts(self) -> tuple[int, int]:
+        """(resident, active per token) parameters: a token runs its top-k experts only."""
         h, d = self.hidden_size, self.head_dim
         qkv = h * (self.num_heads + 2 * self.num_kv_heads) * d
         attn = qkv + self.num_heads * d * h
         if self.qkv_bias:
             attn += (self.num_heads + 2 * self.num_kv_heads) * d
-        layer = attn + 3 * h * self.intermediate_size + 2 * h
+        if self.is_moe:
+            expert = 3 * h * self.moe_intermediate_size
+            shared = 3 * h * self.shared_expert_intermediate_size
+            shared += h if self.shared_expert_intermediate_size else 0  # its sigmoid gate
+            router = h * self.num_experts
+            mlp = router + shared + self.num_experts * expert
+            mlp_active = router + shared + self.num_experts_per_tok * expert
+        else:
+            mlp = mlp_active = 3 * h * self.intermediate_size
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.num_layers * layer + self.vocab_size * h + head + h
+        rest = self.vocab_size * h + head + h
+        per_layer = attn + 2 * h
+        return (
+            self.num_layers * (per_layer + mlp) + rest,
+            self.num_layers * (per_layer + mlp_active) + rest,
+        )
+
+    @property
+    def num_params(self) -> int:
+        """Every parameter the model holds (all experts: what memory must keep resident)."""
+        return self._param_counts()[0]
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token computes with (its top-k experts, not all): the P of
+        `2·P·N` FLOPs. Equals `num_params` for a dense model."""
+        return self._param_counts()[1]
 
     def fingerprint(self, dtype: str) -> bytes:
         """Identity of everything that shapes the KV a token produces: architecture, weights,
@@ -161,6 +215,46 @@ PRESETS: dict[str, ModelConfig] = {
         max_position_embeddings=2048,
         bos_token_id=256,
         eos_token_ids=(257,),
+    ),
+    # Mixture of experts (Qwen2-MoE): tests, milliseconds per step; 8 experts top-2 so
+    # routing has somewhere to go, and a shared expert like Qwen1.5-MoE.
+    "tiny-moe": ModelConfig(
+        name="tiny-moe",
+        architecture="qwen2_moe",
+        vocab_size=BYTE_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        qkv_bias=True,
+        max_position_embeddings=512,
+        bos_token_id=256,
+        eos_token_ids=(257,),
+        initializer_range=0.1,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+    ),
+    # The MoE CPU demo: ~37 M parameters resident, ~18 M active per token; 8 experts top-2.
+    "small-moe": ModelConfig(
+        name="small-moe",
+        architecture="qwen2_moe",
+        vocab_size=BYTE_VOCAB,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=2,
+        qkv_bias=True,
+        max_position_embeddings=2048,
+        bos_token_id=256,
+        eos_token_ids=(257,),
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=512,
     ),
 }
 
@@ -283,6 +377,13 @@ class EngineConfig:
         )
         if self.tensor_parallel_size != 1:
             self._check_tensor_parallel()
+        if self.model.is_moe:
+            _require(
+                self.weight_format == "float" and self.resolved_kernel_backend == "torch"
+                and not self.cuda_graphs,
+                "a mixture-of-experts model runs float weights on the torch kernels only "
+                "(--kernel-backend torch, no CUDA graphs)",
+            )  # fmt: skip
         sched = self.scheduler
         if not sched.enable_chunked_prefill:
             # Without chunking a whole prompt must fit one step's budget.
@@ -296,7 +397,12 @@ class EngineConfig:
     def _check_tensor_parallel(self) -> None:
         tp, m = self.tensor_parallel_size, self.model
         _require(1 <= tp <= 64, f"tensor_parallel_size must be within [1, 64], got {tp}")
-        for name in ("num_heads", "num_kv_heads", "intermediate_size"):
+        split = ("num_heads", "num_kv_heads")
+        if m.is_moe:  # experts are placed whole on ranks; the shared expert is split
+            split += ("num_experts", "shared_expert_intermediate_size")
+        else:
+            split += ("intermediate_size",)
+        for name in split:
             _require(
                 getattr(m, name) % tp == 0,
                 f"tensor parallelism {tp} needs the model's {name} ({getattr(m, name)}) to be "

@@ -1,7 +1,7 @@
 """Load a local Hugging Face checkpoint directory (config.json + *.safetensors).
 
-Llama and Qwen2 architectures. Nothing is ever downloaded. Every problem with the directory
-(missing, unreadable, unsupported, or weights that do not match the config) raises
+Llama, Qwen2 and Qwen2-MoE architectures. Nothing is ever downloaded. Every problem with the
+directory (missing, unreadable, unsupported, or weights that do not match the config) raises
 `CheckpointError` with one line naming the file and what is wrong.
 """
 
@@ -18,8 +18,12 @@ from ..errors import ConfigError
 from .config import ModelConfig, RopeConfig
 from .model import LlamaModel
 
-_ARCHS = {"llama": "llama", "qwen2": "qwen2"}
-_LAYER = re.compile(r"^layers\.(\d+)\.(self_attn|mlp)\.(q|k|v|gate|up)_proj\.(weight|bias)$")
+_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen2_moe": "qwen2_moe"}
+_LAYER = re.compile(
+    r"^layers\.(\d+)\.(self_attn|mlp|mlp\.shared_expert)\.(q|k|v|gate|up)_proj\.(weight|bias)$"
+)
+# Qwen2-MoE experts, one tensor per expert and projection (what transformers writes).
+_EXPERT = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
 class CheckpointError(ConfigError):
@@ -76,13 +80,16 @@ def read_model_config(model_dir: str | Path) -> ModelConfig:
     raw = _read_json(path)
     model_type = raw.get("model_type")
     if model_type not in _ARCHS:
-        raise CheckpointError(f"{path}: model_type {model_type!r} unsupported (llama, qwen2)")
+        raise CheckpointError(
+            f"{path}: model_type {model_type!r} unsupported (llama, qwen2, qwen2_moe)"
+        )
     if raw.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} unsupported (silu)")
     if raw.get("mlp_bias"):
         raise CheckpointError(f"{path}: mlp_bias is unsupported")
-    if model_type == "qwen2" and raw.get("use_sliding_window"):
+    if model_type in ("qwen2", "qwen2_moe") and raw.get("use_sliding_window"):
         raise CheckpointError(f"{path}: sliding-window attention is unsupported")
+    moe = _moe_fields(raw, path) if model_type == "qwen2_moe" else {}
     rp = raw.get("rope_parameters") or {
         "rope_theta": raw.get("rope_theta", 10000.0),
         **(raw.get("rope_scaling") or {}),
@@ -102,9 +109,12 @@ def read_model_config(model_dir: str | Path) -> ModelConfig:
             original_max_position_embeddings=int(rp.get("original_max_position_embeddings", 8192)),
         )
         bias = bool(raw.get("attention_bias", False))
+        qkv_bias = model_type == "qwen2" or bias
+        if model_type == "qwen2_moe":
+            qkv_bias = bool(raw.get("qkv_bias", True))  # older configs: always biased
         return ModelConfig(
             name=d.name,
-            architecture=_ARCHS[model_type],
+            architecture="qwen2_moe" if moe else "qwen2" if model_type != "llama" else "llama",
             vocab_size=int(raw["vocab_size"]),
             hidden_size=int(raw["hidden_size"]),
             intermediate_size=int(raw["intermediate_size"]),
@@ -116,11 +126,12 @@ def read_model_config(model_dir: str | Path) -> ModelConfig:
             rope=rope,
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or bias,
+            qkv_bias=qkv_bias,
             o_bias=bias,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos,
             weights=weights,
+            **moe,
         )
     except KeyError as e:
         raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
@@ -128,6 +139,28 @@ def read_model_config(model_dir: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: {e}") from None
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
+
+
+def _moe_fields(raw: dict, path: Path) -> dict:
+    """ModelConfig's MoE fields of a qwen2_moe config.json ({} when it has no experts: a
+    dense Qwen2 layout); what engine_ref does not implement is refused."""
+    experts = int(raw.get("num_experts") or 0)
+    if experts == 0:
+        return {}
+    if int(raw.get("decoder_sparse_step", 1)) != 1:
+        raise CheckpointError(
+            f"{path}: decoder_sparse_step {raw['decoder_sparse_step']} unsupported (every "
+            f"layer sparse: 1)"
+        )
+    if raw.get("mlp_only_layers"):
+        raise CheckpointError(f"{path}: mlp_only_layers (dense layers among MoE) unsupported")
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(raw.get("num_experts_per_tok", 4)),
+        moe_intermediate_size=int(raw.get("moe_intermediate_size", 1408)),
+        shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 5632)),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+    )
 
 
 def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -148,14 +181,25 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _to_engine_names(tensors: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:
-    """Hugging Face names -> this model's, fusing q/k/v and gate/up."""
+def _to_engine_names(
+    tensors: dict[str, torch.Tensor], tied: bool, shared_expert: bool = True
+) -> dict[str, torch.Tensor]:
+    """Hugging Face names -> this model's, fusing q/k/v and gate/up (and stacking
+    per-expert tensors into the 3-D expert weights)."""
     out: dict[str, torch.Tensor] = {}
     parts: dict[tuple, dict[str, torch.Tensor]] = {}
+    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
     for name, t in tensors.items():
         name = name.removeprefix("model.")
         if name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight"):
             continue  # derived buffers; a tied head is the embedding
+        if not shared_expert and ".mlp.shared_expert" in name:
+            continue  # a zero-width shared expert computes nothing
+        e = _EXPERT.match(name)
+        if e is not None:
+            layer, expert, part = e.groups()
+            experts.setdefault(layer, {})[(int(expert), part)] = t
+            continue
         m = _LAYER.match(name)
         if m is None:
             out[name] = t
@@ -171,14 +215,40 @@ def _to_engine_names(tensors: dict[str, torch.Tensor], tied: bool) -> dict[str, 
                 f"missing tensor layers.{layer}.{block}.{missing[0]}_proj.{kind} in checkpoint"
             )
         out[f"layers.{layer}.{block}.{fused}.{kind}"] = torch.cat([got[p] for p in order])
+    for layer, got in experts.items():
+        out.update(_stack_experts(layer, got))
     return out
+
+
+def _stack_experts(layer: str, got: dict[tuple[int, str], torch.Tensor]) -> dict:
+    """Per-expert gate/up/down tensors of one layer -> the fused [E, 2I, h] and [E, h, I]."""
+    num = max(e for e, _ in got) + 1
+    for e in range(num):
+        for part in ("gate", "up", "down"):
+            if (e, part) not in got:
+                raise CheckpointError(
+                    f"missing tensor layers.{layer}.mlp.experts.{e}.{part}_proj.weight in "
+                    f"checkpoint"
+                )
+    shapes = {tuple(got[(e, p)].shape) for e in range(num) for p in ("gate", "up")}
+    if len(shapes) != 1 or len({tuple(got[(e, "down")].shape) for e in range(num)}) != 1:
+        raise CheckpointError(f"layers.{layer}.mlp.experts: experts of different shapes")
+    prefix = f"layers.{layer}.mlp.experts"
+    return {
+        f"{prefix}.gate_up_proj": torch.stack(
+            [torch.cat([got[(e, "gate")], got[(e, "up")]]) for e in range(num)]
+        ),
+        f"{prefix}.down_proj": torch.stack([got[(e, "down")] for e in range(num)]),
+    }
 
 
 def load_weights(model: LlamaModel, model_dir: str | Path) -> None:
     """Copy a checkpoint's weights into `model` (any dtype/device), checking every name and
     shape against the config."""
     d = Path(model_dir)
-    tensors = _to_engine_names(_read_tensors(d), model.config.tie_word_embeddings)
+    cfg = model.config
+    tensors = _to_engine_names(_read_tensors(d), cfg.tie_word_embeddings,
+                               bool(cfg.shared_expert_intermediate_size))  # fmt: skip
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(tensors))
     unexpected = sorted(set(tensors) - set(params))

@@ -1,4 +1,4 @@
-"""A Llama-style decoder (Llama and Qwen2 checkpoints) over a paged KV cache.
+"""A Llama-style decoder (Llama, Qwen2 and Qwen2-MoE checkpoints) over a paged KV cache.
 
 Tokens of all sequences in a step are flattened into one [T] batch; `positions` carries each
 token's position and the attention backend maps tokens to sequences through the metadata.
@@ -17,6 +17,7 @@ from torch import nn
 
 from .attention import BACKENDS, AttentionMetadata
 from .config import ModelConfig
+from .moe import SparseMoeBlock
 
 
 class RMSNorm(nn.Module):
@@ -125,7 +126,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoeBlock(cfg) if cfg.is_moe else MLP(cfg)
 
     def forward(self, x, cos, sin, kv_cache, meta):
         # The hot path calls submodules' forward directly: nn.Module.__call__ costs ~10 µs a
