@@ -24,6 +24,7 @@ from .gguf_loader import is_gguf, load_gguf_weights
 from .hooks import (
     NO_STEP,
     EngineObserver,
+    ExpertLoadEvent,
     PhaseEvent,
     RequestEvent,
     RequestEventKind,
@@ -35,6 +36,7 @@ from .kv_cache import KVCache, num_blocks_for_bytes, torch_dtype
 from .loader import load_weights, read_model_config
 from .model import LlamaModel, init_random_weights
 from .model_runner import ModelInput, ModelRunner
+from .moe import expert_loads, placement
 from .request import (
     CompletionOutput,
     InvalidRequestError,
@@ -160,6 +162,10 @@ class LLMEngine:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._step_id = 0
+        # Mixture of experts: the rank holding each expert (all on rank 0 without EP).
+        self._expert_rank = None
+        if mcfg.is_moe:
+            self._expert_rank = placement(mcfg.num_experts, config.tensor_parallel_size)
 
     def _start_tensor_parallel(self, num_blocks: int, num_cpu: int) -> None:
         from .parallel import TensorParallel, TPKVCache, local_model_config, shard_model
@@ -381,6 +387,8 @@ class LLMEngine:
             if obs is not None:
                 t5 = time.monotonic_ns()
                 obs.on_phase(PhaseEvent(step_id, StepPhase.POSTPROCESS, t4, t5))
+                if self._expert_rank is not None:
+                    obs.on_expert_loads(self._expert_loads(step_id))
                 obs.on_step(
                     StepEvent(
                         step_id,
@@ -401,6 +409,16 @@ class LLMEngine:
             elif self.tp is not None:
                 self.tp.comm.take()  # nobody records: keep no history
             return outputs
+
+    def _expert_loads(self, step_id: int) -> list[ExpertLoadEvent]:
+        """The step's tokens per (layer, expert), counted on the device by each MoE block's
+        router and read here once (sampling has synchronised), with each expert's rank."""
+        loads = expert_loads(self.model)
+        if loads is None:
+            return []
+        ranks = self._expert_rank
+        return [ExpertLoadEvent(ranks[e], step_id, layer, e, n)
+                for layer, row in enumerate(loads.tolist()) for e, n in enumerate(row)]  # fmt: skip
 
     def _kv_and_queue_counts(self) -> tuple[int, ...]:
         bm, s = self.block_manager, self.scheduler

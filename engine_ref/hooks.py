@@ -113,8 +113,23 @@ class RankStepEvent(NamedTuple):
     end_ns: int
 
 
+class ExpertLoadEvent(NamedTuple):
+    """Mixture of experts: the tokens the router sent to one expert of one layer in one
+    step (each token counts once per expert among its top-k), and the rank holding it."""
+
+    rank: int
+    step_id: int
+    layer: int
+    expert: int
+    tokens: int
+
+
 class EngineObserver:
     """Base class with no-op methods: subclass and override what you record."""
+
+    def on_expert_loads(self, events: list[ExpertLoadEvent]) -> None:
+        """Mixture of experts: every (layer, expert)'s tokens of the step, once per step
+        after sampling and before `on_step`."""
 
     def on_collectives(self, events: list[CollectiveEvent]) -> None:
         """Tensor parallelism: collectives of every rank, after each step (workers' arrive

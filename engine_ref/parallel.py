@@ -11,7 +11,10 @@ model, then keeps its shard (`shard_model`, Megatron's split):
   are summed by an all_reduce (after attention, after the MLP: 2 per layer per step);
 - replicated: embeddings, norms, the lm_head. Only rank 0 computes logits and samples
   (full logits, no all-gather: the head is small next to the layers, and sampling stays
-  exactly the single-process code).
+  exactly the single-process code);
+- a mixture-of-experts MLP (moe.py) is expert-parallel instead (`shard_moe`): E/N
+  contiguous experts per rank, the router replicated (every rank routes every token),
+  the shared expert column/row-split; the MLP's all_reduce combines the partial outputs.
 
 Each rank's KV cache holds its KV heads for every block; the block manager, the
 scheduler and the sampler live on rank 0 only. Each step rank 0 broadcasts the step's
@@ -49,6 +52,7 @@ from ..errors import ConfigError
 from .hooks import CollectiveEvent, RankStepEvent
 from .kv_cache import KVCache
 from .model_runner import ModelInput, ModelRunner, StepPlan
+from .moe import SparseMoeBlock, placement
 
 PING_ROUNDS = 8
 START_TIMEOUT_S = 120.0
@@ -66,7 +70,8 @@ def local_model_config(cfg, tp: int):
         cfg,
         num_heads=cfg.num_heads // tp,
         num_kv_heads=cfg.num_kv_heads // tp,
-        intermediate_size=cfg.intermediate_size // tp,
+        # a MoE model has no dense MLP: its experts are placed, not split (shard_moe)
+        intermediate_size=cfg.intermediate_size // (1 if cfg.is_moe else tp),
         head_dim=cfg.head_dim,
     )
 
@@ -119,12 +124,35 @@ def shard_model(model, rank: int, tp: int, comm: TPComm | None) -> None:
             _set(a.o_proj, "bias", torch.zeros_like(a.o_proj.bias))
         a.num_heads, a.num_kv_heads = h, kvh
         a.q_size, a.kv_size = h * d, kvh * d
+        if isinstance(m, SparseMoeBlock):
+            shard_moe(m, rank, tp)
+            a.comm = m.comm = comm
+            continue
         cols = slice(rank * inter, (rank + 1) * inter)
         gate_up = m.gate_up_proj.weight
         i = cfg.intermediate_size
         _set(m.gate_up_proj, "weight", torch.cat([gate_up[:i][cols], gate_up[i:][cols]]))
         _set(m.down_proj, "weight", m.down_proj.weight[:, cols])
         a.comm = m.comm = comm
+
+
+@torch.no_grad()
+def shard_moe(m: SparseMoeBlock, rank: int, tp: int) -> None:
+    """Expert parallelism: keep this rank's E / tp contiguous experts (the router stays
+    whole: every rank routes every token) and its column/row share of the shared expert,
+    whose partial output joins the experts' in the block's one all_reduce."""
+    per = m.num_experts // tp
+    m.first_expert = rank * per
+    ex = m.experts
+    _set(ex, "gate_up_proj", ex.gate_up_proj[rank * per : (rank + 1) * per])
+    _set(ex, "down_proj", ex.down_proj[rank * per : (rank + 1) * per])
+    if m.shared_expert is not None:
+        s = m.shared_expert
+        i = s.down_proj.weight.shape[1]
+        cols = slice(rank * i // tp, (rank + 1) * i // tp)
+        gate_up = s.gate_up_proj.weight
+        _set(s.gate_up_proj, "weight", torch.cat([gate_up[:i][cols], gate_up[i:][cols]]))
+        _set(s.down_proj, "weight", s.down_proj.weight[:, cols])
 
 
 def _set(module, name: str, value: torch.Tensor) -> None:
@@ -178,6 +206,7 @@ class TensorParallel:
 
         self.dist = dist
         self.tp = tp = config.tensor_parallel_size
+        self.model_config = config.model
         if dist.is_initialized():
             raise ConfigError("a tensor-parallel engine is already running in this process")
         self.device = torch.device(config.device)
@@ -251,7 +280,23 @@ class TensorParallel:
             "lm_head": "replicated; rank 0 samples from full logits",
             "clock_sync": [c._asdict() for c in self.clocks],
             "collective_timing": "host clock around each call",
+            **self._expert_info(),
         }
+
+    def _expert_info(self) -> dict:
+        """Mixture of experts: where each expert lives (expert parallelism over the same
+        ranks) and how the shared expert is split; {} for a dense model."""
+        m = self.model_config
+        if not m.is_moe:
+            return {}
+        return {
+            "expert_parallel_size": self.tp,
+            "expert_placement": placement(m.num_experts, self.tp),  # expert → rank
+            "expert_dispatch": "gather/scatter: every rank routes every token, computes "
+            "its own experts; the MLP's all_reduce combines",
+            "shared_expert": "column/row-parallel across ranks" if
+            m.shared_expert_intermediate_size else "none",
+        }  # fmt: skip
 
     # ---- a step ------------------------------------------------------------------------------
     def send_plan(self, step_id: int, plan: StepPlan, swaps: list) -> None:

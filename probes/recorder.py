@@ -16,6 +16,7 @@ from ..engine_ref.hooks import (
     NO_STEP,
     CollectiveEvent,
     EngineObserver,
+    ExpertLoadEvent,
     PhaseEvent,
     RankStepEvent,
     RequestEvent,
@@ -49,6 +50,8 @@ class RunRecorder(EngineObserver):
         self._step = writer.table("steps").append
         self._span = writer.table("spans").append
         self._request = writer.table("requests").append
+        self._counter = writer.table("counters").append
+        self._step_start_ns = 0  # the running step's start: its expert loads' timestamp
         self._rank = rank
         self._pid = os.getpid()
         self._cached: dict[str, int] = {}  # request → prefix-cache hits at first admission
@@ -74,6 +77,7 @@ class RunRecorder(EngineObserver):
 
     def on_step_begin(self, e: StepBegin) -> None:
         # The step's row is written whole when it ends; here only what must start now.
+        self._step_start_ns = e.start_ns
         if self._window is not None:
             self._window.on_step_begin(e.step_id, e.start_ns)
         if self._timer is not None:
@@ -113,6 +117,14 @@ class RunRecorder(EngineObserver):
         for e in events:
             span(("tp_forward", "python", e.start_ns, e.end_ns - e.start_ns, None, None, None,
                   None, e.rank, e.step_id, None, None, None, None))  # fmt: skip
+
+    def on_expert_loads(self, events: list[ExpertLoadEvent]) -> None:
+        # Counters at the step's start (its row's start_ns: how analyzers find the step),
+        # scoped layer/expert/rank (analyzers/experts.py reads them back).
+        counter, ts = self._counter, self._step_start_ns
+        for e in events:
+            counter(("expert_tokens", ts, float(e.tokens),
+                     f"layer{e.layer}/expert{e.expert}/rank{e.rank}"))  # fmt: skip
 
     def on_close(self) -> None:
         if self._window is not None:
