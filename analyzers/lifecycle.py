@@ -173,7 +173,7 @@ def _join_requests(out: pd.DataFrame, req: pd.DataFrame, code: np.ndarray, n: in
     if len(req):
         warm[code] = req["is_warmup"].to_numpy(dtype=bool)
     out["is_warmup"] = warm
-    for col in ("prompt_tokens", "output_tokens", "cached_tokens", "prefix_group"):
+    for col in ("prompt_tokens", "output_tokens", "cached_tokens", "prefix_group", "replica"):
         out[col] = take(col, np.nan, "float64")
 
 

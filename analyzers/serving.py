@@ -126,6 +126,8 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
     metrics = timed("metrics", serving_metrics, lc, window, slo)
     no_engine = ("request_events.engine",)
     if lc.has_engine:
+        if steps is not None and steps.replica is not None:  # the followed replica's requests
+            select = select & (r["replica"].to_numpy() == steps.replica)
         ttft = timed("ttft", decompose_ttft, lc, steps, select, parts, stalls.stalls)
         gaps = metrics.gaps if isinstance(metrics, ServingMetrics) else delivery_gaps(lc)
         itl = timed("itl", attribute_itl, lc, gaps, steps, select, parts, stalls.stalls)

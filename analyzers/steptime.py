@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..traces.reader import Run
 from .intervals import union
+from .replicas import busiest_replica
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class StepTimeline:
     cum: np.ndarray  # busy time of all steps before each step
     rank: int | None  # the rank kept when several recorded steps
     origin_ns: int = 0  # the clock value that times here are relative to
+    replica: int | None = None  # data parallelism: the replica whose steps these are
 
     @classmethod
     def from_run(cls, run: Run, origin_ns: int) -> StepTimeline | None:
@@ -54,6 +56,10 @@ class StepTimeline:
         if len(ranks) > 1:  # ranks run concurrently: follow the lowest one's timeline
             rank = int(min(ranks))
             steps = steps[steps["rank"].eq(rank).fillna(False).to_numpy()]
+        # Replicas step side by side: follow the busiest one's (replicas.py).
+        replica = busiest_replica(steps)
+        if replica is not None:
+            steps = steps[steps["replica"].eq(replica).fillna(False).to_numpy()]
         steps = steps.drop_duplicates("step_id").sort_values("start_ns", kind="stable")
         start = (steps["start_ns"].to_numpy(np.int64) - origin_ns).astype(np.float64)
         end = (steps["end_ns"].to_numpy(np.int64) - origin_ns).astype(np.float64)
@@ -78,6 +84,7 @@ class StepTimeline:
             cum=cum,
             rank=rank,
             origin_ns=origin_ns,
+            replica=replica,
         )
 
     def __len__(self) -> int:

@@ -137,6 +137,25 @@ def run(
             help="Tensor-parallel ranks: one process each, gloo on the CPU, NCCL on CUDA [1].",
         ),
     ] = None,
+    dp: Annotated[
+        int | None,
+        _opt(
+            "--dp",
+            panel=ENGINE,
+            help="Data-parallel replicas: whole engines in this process, one stepping thread "
+            "each, torch's threads split between them, behind --router [1].",
+        ),
+    ] = None,
+    router: Annotated[
+        str | None,
+        _opt(
+            "--router",
+            panel=ENGINE,
+            help="How requests reach the --dp replicas: round-robin, least-loaded (outstanding "
+            "tokens), prefix-aware (the replica holding the prompt's prefix unless overloaded), "
+            "or weighted:W1,W2,… (a fixed, load-blind split) [round-robin].",
+        ),
+    ] = None,
     # workload
     workload: Annotated[
         str | None,
@@ -314,7 +333,7 @@ def build_options(flags: dict):
         "seed": g("seed"), "kernel_backend": g("kernel_backend"),
         "cuda_graphs": True if g("cuda_graphs") else None, "model_seed": g("model_seed"),
         "weights": g("weights"), "model_file": str(model_file) if model_file else None,
-        "tp": g("tp"),
+        "tp": g("tp"), "dp": g("dp"), "router": g("router"),
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
     if g("no_chunked_prefill"):
@@ -428,6 +447,8 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
     where = f"{model} on {e.device} ({e.resolved_dtype})"
     if e.tp > 1:
         where += f", tensor parallel {e.tp} (gloo)" if e.device == "cpu" else f", TP {e.tp}"
+    if e.dp > 1:
+        where += f", {e.dp} data-parallel replicas ({e.router} router)"
     if http is not None:  # an HTTP server instead of the in-process engine
         from ..probes.http_session import record_http_run
 

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..analyzers.findings import IdList
+from ..analyzers.replicas import step_lanes
 from .facts import Fact, TriageContext, Unavailable, ev, fact, finite
 
 # Client and engine milestones that must come in this order for one request.
@@ -137,7 +138,8 @@ def out_of_order(ctx: TriageContext) -> Fact | Unavailable:
 def _bad_steps(steps: pd.DataFrame) -> list[str]:
     if not len(steps):
         return []
-    s = steps.assign(_rank=steps["rank"].fillna(-1)).sort_values(["_rank", "start_ns"])
+    # One lane per rank and replica: steps of different lanes run side by side.
+    s = steps.assign(_rank=step_lanes(steps)).sort_values(["_rank", "start_ns"])
     start, end = s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64)
     same_rank = s["_rank"].to_numpy()[1:] == s["_rank"].to_numpy()[:-1]
     overlap = np.zeros(len(s), dtype=bool)

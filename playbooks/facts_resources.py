@@ -8,6 +8,7 @@ import pandas as pd
 
 from ..analyzers.actions import Setting, other_action, run_action
 from ..analyzers.findings import IdList
+from ..analyzers.replicas import busiest_replica
 from ..analyzers.scheduler import KV_FULL, kv_pool, pool_blocks
 from .advice import NO_ADVICE, kv_advice
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
@@ -19,6 +20,9 @@ def _lowest_rank(steps: pd.DataFrame) -> pd.DataFrame:
     ranks = steps["rank"].dropna().unique()
     if len(ranks) > 1:
         steps = steps[steps["rank"].eq(min(ranks)).fillna(False).to_numpy()]
+    replica = busiest_replica(steps)  # replicas step side by side: one replica's sequence
+    if replica is not None:
+        steps = steps[steps["replica"].eq(replica).fillna(False).to_numpy()]
     return steps.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 

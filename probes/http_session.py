@@ -77,7 +77,7 @@ class HttpRecorder(RunRecorder):
                 prompt_len = rec.usage_prompt_tokens  # the server's count (text prompts)
         self._request((req.request_id, prompt_len, result.output_tokens, None,
                        result.finish_reason, req.is_warmup, req.prefix_group,
-                       result.output_digest, result.error, json.dumps(args)))  # fmt: skip
+                       result.output_digest, result.error, json.dumps(args), None))  # fmt: skip
 
 
 class LoopMonitor:

@@ -11,6 +11,7 @@ import json
 import os
 import resource
 import threading
+import time
 
 from ..engine_ref.hooks import (
     NO_STEP,
@@ -45,7 +46,7 @@ ENGINE_KINDS = {
 
 class RunRecorder(EngineObserver):
     def __init__(self, writer: RunWriter, rank: int | None = None, step_timer=None,
-                 window=None, decode=None):  # fmt: skip
+                 window=None, decode=None, replica: int | None = None):  # fmt: skip
         self._event = writer.table("request_events").append
         self._step = writer.table("steps").append
         self._span = writer.table("spans").append
@@ -53,6 +54,7 @@ class RunRecorder(EngineObserver):
         self._counter = writer.table("counters").append
         self._step_start_ns = 0  # the running step's start: its expert loads' timestamp
         self._rank = rank
+        self._replica = replica  # data parallelism: this recorder's replica (its own thread)
         self._pid = os.getpid()
         self._cached: dict[str, int] = {}  # request → prefix-cache hits at first admission
         self._prompt_len: dict[str, int] = {}
@@ -61,6 +63,8 @@ class RunRecorder(EngineObserver):
         self._window = window  # ProfilerWindow: torch.profiler over chosen steps
         self._decode = decode  # with --record-text: token ids → text
         self._host_at_begin = (0, 0)  # (CPU ns, involuntary switches) at the step's start
+        # A replica shares the process with the others: its steps count its thread's CPU.
+        self._host_usage = _host_usage if replica is None else _thread_usage
 
     # -- engine side ---------------------------------------------------------------------
     def on_request(self, e: RequestEvent) -> None:
@@ -82,7 +86,7 @@ class RunRecorder(EngineObserver):
             self._window.on_step_begin(e.step_id, e.start_ns)
         if self._timer is not None:
             self._timer.begin(e.step_id)
-        self._host_at_begin = _host_usage()
+        self._host_at_begin = self._host_usage()
 
     def on_phase(self, e: PhaseEvent) -> None:
         self._span((e.phase.value, "phase", e.start_ns, e.end_ns - e.start_ns, self._pid,
@@ -90,7 +94,7 @@ class RunRecorder(EngineObserver):
                     None, None))  # fmt: skip
 
     def on_step(self, e: StepEvent) -> None:
-        cpu_ns, switches = _host_usage()
+        cpu_ns, switches = self._host_usage()
         cpu_ns -= self._host_at_begin[0]
         switches -= self._host_at_begin[1]
         gpu_time_ns = self._timer.end() if self._timer is not None else None
@@ -100,7 +104,8 @@ class RunRecorder(EngineObserver):
                     e.num_decode_seqs, e.num_context_tokens, e.num_waiting, e.num_running,
                     e.num_swapped, e.num_preemptions, e.kv_blocks_used, e.kv_blocks_free,
                     e.kv_blocks_cached, gpu_time_ns, self._rank, e.num_cached_tokens,
-                    e.cpu_blocks_used, cpu_ns, switches, e.blocked_by or None))  # fmt: skip
+                    e.cpu_blocks_used, cpu_ns, switches, e.blocked_by or None,
+                    self._replica))  # fmt: skip
         self.steps_recorded += 1
 
     def on_collectives(self, events: list[CollectiveEvent]) -> None:
@@ -148,7 +153,8 @@ class RunRecorder(EngineObserver):
             args["cancel_after_s"] = req.cancel_after_s
         self._request((rid, prompt_len, result.output_tokens, self._cached.get(rid),
                        result.finish_reason, req.is_warmup, req.prefix_group,
-                       result.output_digest, result.error, json.dumps(args)))  # fmt: skip
+                       result.output_digest, result.error, json.dumps(args),
+                       self._replica))  # fmt: skip
 
 
 def _host_usage() -> tuple[int, int]:
@@ -156,3 +162,10 @@ def _host_usage() -> tuple[int, int]:
     context switches so far: one getrusage call (about a microsecond)."""
     u = resource.getrusage(resource.RUSAGE_SELF)
     return int((u.ru_utime + u.ru_stime) * 1e9), u.ru_nivcsw
+
+
+def _thread_usage() -> tuple[int, int]:
+    """The same for the calling thread alone: its CPU clock (exact, where getrusage counts
+    in ticks) and its involuntary switches (Linux; the process's elsewhere)."""
+    u = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+    return time.thread_time_ns(), u.ru_nivcsw

@@ -41,6 +41,8 @@ class EngineOptions:
     model_file: str | None = None  # a GGUF file (llama.cpp's format) instead of a preset
     weights: str = "float"  # float, or q4_1 / q8_0 kept packed (weight-only quantisation)
     tp: int = 1  # tensor-parallel ranks (processes), engine_ref/parallel.py
+    dp: int = 1  # data-parallel replicas (threads of this process), engine_ref/replicas.py
+    router: str = "round-robin"  # how requests reach the replicas, engine_ref/router.py
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
@@ -53,6 +55,11 @@ class EngineOptions:
                 f"KV cache size must be a number of MiB in (0, {MAX_KV_CACHE_MB:,}], "
                 f"got {self.kv_cache_mb}"
             )
+        from ..engine_ref.router import RouterPolicy  # pure Python: no torch
+
+        RouterPolicy.parse(self.router).check_replicas(self.dp)
+        if self.dp > 1 and self.tp > 1:
+            raise ConfigError("--dp and --tp together are not supported: choose one")
         for name in ("seed", "model_seed"):
             value = getattr(self, name)
             if not 0 <= value <= MAX_SEED:

@@ -31,7 +31,7 @@ class ServerRecorder(RunRecorder, ServerObserver):
         args = json.dumps({"endpoint": r.endpoint, "status": r.status, "stream": r.stream})
         self._request((r.request_id, r.prompt_tokens, r.output_tokens,
                        self._cached.get(r.request_id), r.finish_reason, False, None,
-                       r.output_digest, r.error, args))  # fmt: skip
+                       r.output_digest, r.error, args, None))  # fmt: skip
 
 
 class ServerRun:

@@ -28,6 +28,7 @@ from .faults import FaultOptions
 from .gc_probe import GcProbe
 from .profiler_window import ProfilerWindow
 from .recorder import RunRecorder
+from .replicas import attach, check_supported, torch_threads
 from .run_options import RunOptions
 from .targets import EngineTarget
 from .workload import Plan, plan
@@ -55,13 +56,18 @@ def record_run(
     out_dir = Path(out_dir)
     created = _claim_directory(out_dir)
     engine = None
+    replicas: list = []  # data parallelism: every replica's engine (engine is replica 0)
+    dp = options.engine.dp
     try:
-        engine = _build_engine(options)
+        check_supported(options)
+        while len(replicas) < dp:
+            replicas.append(_build_engine(options))
+        engine = replicas[0]
         planned = plan(options.workload, engine.config.model.vocab_size)
         check_workload_fits(planned, engine)
     except BaseException:
-        if engine is not None:
-            engine.close()
+        for e in replicas:
+            e.close()
         if created:
             with contextlib.suppress(OSError):
                 out_dir.rmdir()
@@ -75,6 +81,7 @@ def record_run(
             "num_kv_blocks": engine.block_manager.num_blocks,
             **({"faults": faults.to_dict()} if faults is not None and faults.active else {}),
             **({"parallel": engine.tp.info()} if engine.tp is not None else {}),
+            **({"data_parallel": {"size": dp, "router": options.engine.router}} if dp > 1 else {}),
         },
         environment_info=environment.fingerprint(deep=True),
     )
@@ -86,7 +93,9 @@ def record_run(
             first, last = options.probes.profile_steps
             window = ProfilerWindow(first, last, options.engine.device, out_dir)
         step_timer = make_step_timer(options.engine.device, options.probes.nvtx)
-        if options.probes.triton_launches and engine.config.resolved_kernel_backend == "triton":
+        # The launch probe follows one stepping thread: not several replicas.
+        kernels = engine.config.resolved_kernel_backend if dp == 1 else None
+        if options.probes.triton_launches and kernels == "triton":
             from .triton_probe import TritonProbe
 
             triton_probe = TritonProbe(
@@ -101,6 +110,12 @@ def record_run(
             decode=engine.tokenizer.decode if options.probes.record_text else None,
         )
         engine.observer = faults.wrap(recorder) if faults is not None else recorder
+        sink = engine.observer
+        if dp > 1:  # a recorder per replica, step ids unique across them
+            sink = attach(replicas, lambda i: RunRecorder(
+                writer, step_timer=make_step_timer(options.engine.device, options.probes.nvtx),
+                decode=engine.tokenizer.decode if options.probes.record_text else None, replica=i,
+            ), faults.wrap if faults is not None else None)  # fmt: skip
         if options.probes.device_sampling:
             workers = tuple(engine.tp.pids) if engine.tp is not None else ()
             sampler = DeviceSampler(
@@ -108,8 +123,8 @@ def record_run(
                 worker_pids=workers,
             ).start()  # fmt: skip
         progress = Progress(total=len(planned))
-        asyncio.run(_drive(engine, planned, options, progress, on_progress, progress_interval_s,
-                           writer))  # fmt: skip
+        asyncio.run(_drive(replicas, sink, planned, options, progress, on_progress,
+                           progress_interval_s, writer))  # fmt: skip
         status = COMPLETE
     except KeyboardInterrupt:
         status = INTERRUPTED
@@ -118,8 +133,9 @@ def record_run(
         if writer.failure is None:
             raise
     finally:
-        engine.close()  # tensor parallelism: workers stop, their last records land
-        engine.observer = None
+        for e in replicas:
+            e.close()  # tensor parallelism: workers stop, their last records land
+            e.observer = None
         gc_probe.detach()
         if triton_probe is not None:
             triton_probe.detach()
@@ -139,23 +155,36 @@ def record_run(
     return SessionResult(out_dir, status, progress)
 
 
-async def _drive(engine, planned, options, progress, on_progress, interval_s, writer) -> None:
+async def _drive(replicas, sink, planned, options, progress, on_progress, interval_s,
+                 writer) -> None:  # fmt: skip
     from ..engine_ref import AsyncLLMEngine
+    from ..engine_ref.replicas import AsyncReplicas
+    from ..engine_ref.router import Router, RouterPolicy
 
     # A failed write stops the run now, as Ctrl-C would, instead of recording into memory.
     loop, task = asyncio.get_running_loop(), asyncio.current_task()
     writer.on_failure(lambda: loop.call_soon_threadsafe(task.cancel))
 
-    engine_target = EngineTarget(AsyncLLMEngine(engine))
-    sink = engine.observer
+    router = None
+    if len(replicas) == 1:
+        engine_target = EngineTarget(AsyncLLMEngine(replicas[0]))
+    else:
+        router = Router(RouterPolicy.parse(options.engine.router), len(replicas))
+        engine_target = EngineTarget(AsyncReplicas(replicas, router, sink.on_route))
     reporter = None
     if on_progress is not None:
         reporter = asyncio.create_task(_report(progress, on_progress, interval_s))
+    threads = torch_threads(len(replicas)) if router else contextlib.nullcontext()
+    per_replica = None
     try:
-        async with engine_target.engine:
-            await drive(planned, engine_target, sink, options.workload.arrival, progress,
-                        keep_token_ids=options.probes.record_text)  # fmt: skip
+        with threads as per_replica:
+            async with engine_target.engine:
+                await drive(planned, engine_target, sink, options.workload.arrival, progress,
+                            keep_token_ids=options.probes.record_text)  # fmt: skip
     finally:
+        if router is not None:
+            info = {**router.summary(), "torch_threads_per_replica": per_replica}
+            writer.update_manifest(extra={**writer.manifest.extra, "router": info})
         if reporter is not None:
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -40,6 +40,7 @@ class Request(NamedTuple):
     )
     error: str | None = None
     args: str | None = None  # JSON object with anything else
+    replica: int | None = None  # data-parallel replica that served it (None: one engine)
 
 
 class RequestEvent(NamedTuple):
@@ -81,6 +82,9 @@ class Step(NamedTuple):
     cpu_time_ns: int | None = None
     involuntary_switches: int | None = None
     blocked_by: str | None = None  # what held back requests still waiting (None: none did)
+    # Data-parallel replica whose step it is (None: one engine). Step ids stay unique
+    # across the run's replicas, so a step id alone still names one step.
+    replica: int | None = None
 
 
 class Span(NamedTuple):
