@@ -37,6 +37,7 @@ STARVED_SWITCHES_PER_S = 200.0  # preempted every 5 ms: sharing cores with runna
 STARVED_MIN_SWITCHES = 3  # and more than a stray preemption or two in a short step
 OTHERS_SHARE = 0.25  # others hold a quarter of the machine's cores …
 SATURATED = 0.9  # … while the machine is at least this busy
+OTHERS_PRESENT_CORES = 0.25  # below this, the sampler saw no other process at work
 MIN_REFERENCE_STEPS = 5
 REASONS = ("probe", "gc", "preemption", "host contention", "new shape", "unexplained")
 
@@ -86,8 +87,12 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
     if "cpu_time_ns" not in steps or steps["cpu_time_ns"].isna().all():
         return None
     s = steps.drop_duplicates("step_id").set_index("step_id").reindex(timeline.step_id)
-    wall = np.maximum(timeline.end - timeline.start, 1.0)
-    cpu = s["cpu_time_ns"].to_numpy("float64", na_value=np.nan)
+    # Tensor parallelism: the time rank 0 sat in collectives (blocked on the other ranks)
+    # and the CPU it spent there are the collectives' and the stragglers' (comm-share,
+    # collective-wait); the host is judged on the rest of the step, where it computes.
+    comm_wall, comm_cpu = _in_collectives(run, timeline.step_id)
+    wall = np.maximum(timeline.end - timeline.start - comm_wall, 1.0)
+    cpu = s["cpu_time_ns"].to_numpy("float64", na_value=np.nan) - comm_cpu
     switches = s["involuntary_switches"].to_numpy("float64", na_value=np.nan)
     ratio = cpu / wall
     rate = switches / (wall / NS)
@@ -101,6 +106,10 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
     preempted = (np.nan_to_num(rate) >= STARVED_SWITCHES_PER_S) & (
         np.nan_to_num(switches) >= STARVED_MIN_SWITCHES
     )
+    # Preempted while the sampler saw no other process working: the engine's own threads
+    # (and tensor-parallel ranks) outnumbered the cores. That is the engine's oversubscription,
+    # not other processes taking its CPU.
+    preempted &= ~(others_at < OTHERS_PRESENT_CORES)
     starved = preempted | crowded
     with_prefill = timeline.prefill_tokens > 0
     reference = np.full(len(wall), np.nan)
@@ -137,6 +146,29 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
         lost_share=float(lost.sum() / wall.sum()) if wall.sum() else 0.0,
         per_step=per_step,
     )
+
+
+def _in_collectives(run: Run, step_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, the recording rank's wall and CPU time inside collectives (zeros without
+    per-rank collectives). Runs recorded before collectives carried their CPU time give
+    only the waiting for a later rank (blocked for certain) and no CPU."""
+    from .collectives import collective_spans
+
+    zeros = np.zeros(len(step_ids))
+    if not len(run.spans) or not (run.spans["category"] == "comm").any():
+        return zeros, zeros
+    per_rank = collective_spans(run.spans)
+    if not len(per_rank):
+        return zeros, zeros
+    mine = per_rank[per_rank["rank"] == per_rank["rank"].min()]
+    cpu = mine["cpu_ns"].to_numpy(float)
+    wall = np.where(
+        np.isfinite(cpu), mine["dur_ns"].to_numpy(float), mine["wait_ns"].to_numpy(float)
+    )
+    by_step = pd.DataFrame({"step_id": mine["step_id"].to_numpy(), "wall": wall,
+                            "cpu": np.nan_to_num(cpu)}).groupby("step_id").sum()  # fmt: skip
+    by_step = by_step.reindex(step_ids).fillna(0.0)
+    return by_step["wall"].to_numpy(float), by_step["cpu"].to_numpy(float)
 
 
 def probe_stalls(run: Run, origin_ns: int) -> ProbeStalls:

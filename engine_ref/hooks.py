@@ -102,15 +102,20 @@ class CollectiveEvent(NamedTuple):
     start_ns: int
     end_ns: int
     seq: int
+    cpu_time_ns: int | None = None  # the rank's process CPU time inside the call
 
 
 class RankStepEvent(NamedTuple):
-    """A worker rank's forward of one step, on rank 0's clock."""
+    """A worker rank's forward of one step, on rank 0's clock, with the host evidence of
+    its process over it: CPU time it got and how often the kernel took a core from it (a
+    straggler with a core to itself gets ~its wall time; one sharing a core does not)."""
 
     rank: int
     step_id: int
     start_ns: int
     end_ns: int
+    cpu_time_ns: int | None = None
+    involuntary_switches: int | None = None
 
 
 class ExpertLoadEvent(NamedTuple):

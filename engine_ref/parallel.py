@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import dataclasses
 import os
+import resource
 import signal
 import socket
 import sys
@@ -54,7 +55,8 @@ from .kv_cache import KVCache
 from .model_runner import ModelInput, ModelRunner, StepPlan
 from .moe import SparseMoeBlock, placement
 
-PING_ROUNDS = 8
+# The best round trip bounds the clock offset: more rounds, a tighter bound on a busy host.
+PING_ROUNDS = 32
 START_TIMEOUT_S = 120.0
 
 
@@ -86,16 +88,18 @@ class TPComm:
         self.group = group
         self.rank = rank
         self.world = world
-        self.records: list[tuple[str, int, int, int]] = []  # name, bytes, start, end
+        # name, bytes, start, end, and the process's CPU time inside the call (the host
+        # checks judge the CPU a rank got outside its collectives, where it computes)
+        self.records: list[tuple[str, int, int, int, int]] = []
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        t0 = time.monotonic_ns()
+        t0, c0 = time.monotonic_ns(), time.process_time_ns()
         self._all_reduce(x, group=self.group)
-        t1 = time.monotonic_ns()
-        self.records.append(("all_reduce", x.numel() * x.element_size(), t0, t1))
+        t1, c1 = time.monotonic_ns(), time.process_time_ns()
+        self.records.append(("all_reduce", x.numel() * x.element_size(), t0, t1, c1 - c0))
         return x
 
-    def take(self) -> list[tuple[str, int, int, int]]:
+    def take(self) -> list[tuple[str, int, int, int, int]]:
         out, self.records = self.records, []
         return out
 
@@ -310,8 +314,8 @@ class TensorParallel:
 
     def take_records(self) -> tuple[list[CollectiveEvent], list[RankStepEvent]]:
         """Rank 0's collectives of the last step and every worker batch that has arrived."""
-        colls = [CollectiveEvent(0, self.step_id, n, "tp", b, s, e, i)
-                 for i, (n, b, s, e) in enumerate(self.comm.take())]  # fmt: skip
+        colls = [CollectiveEvent(0, self.step_id, n, "tp", b, s, e, i, c)
+                 for i, (n, b, s, e, c) in enumerate(self.comm.take())]  # fmt: skip
         steps: list[RankStepEvent] = []
         for conn in self.conns:
             while True:
@@ -449,6 +453,11 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _involuntary_switches() -> int:
+    """How often the kernel has taken a core from this process (host contention)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
 def worker_main(port: int) -> None:
     """A worker process: `python -m perfdiag.engine_ref.parallel PORT`, authkey on stdin."""
     from multiprocessing.connection import Client
@@ -503,17 +512,18 @@ def _worker(rank, tp, port, config, conn) -> None:
         if msg[0] is None:
             break
         step_id, plan, swaps = msg[0]
-        t0 = time.monotonic_ns()
+        t0, cpu0, sw0 = time.monotonic_ns(), time.process_time_ns(), _involuntary_switches()
         _apply_swaps(kv, swaps)
         inp = runner.build(plan)
         with torch.inference_mode():
             model(inp.input_ids, inp.positions, kv.layers, inp.meta)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t1 = time.monotonic_ns()
-        colls = [CollectiveEvent(rank, step_id, n, "tp", b, s - offset, e - offset, i)
-                 for i, (n, b, s, e) in enumerate(comm.take())]  # fmt: skip
-        conn.send((colls, [RankStepEvent(rank, step_id, t0 - offset, t1 - offset)]))
+        t1, cpu1, sw1 = time.monotonic_ns(), time.process_time_ns(), _involuntary_switches()
+        colls = [CollectiveEvent(rank, step_id, n, "tp", b, s - offset, e - offset, i, c)
+                 for i, (n, b, s, e, c) in enumerate(comm.take())]  # fmt: skip
+        conn.send((colls, [RankStepEvent(rank, step_id, t0 - offset, t1 - offset, cpu1 - cpu0,
+                                         sw1 - sw0)]))  # fmt: skip
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
 

@@ -59,8 +59,8 @@ FACT_MEASURES: dict[str, Measure] = {
     "exposed_share": Measure("traced time in {what} without compute beside it", "%"),
     "rank_imbalance": Measure("less work on the idlest rank than the busiest", "%"),
     "ranks": Measure("ranks"),
-    "comm_share": Measure("step time inside collectives", "%"),
-    "collective_wait": Measure("collective time waiting for the last rank", "%"),
+    "comm_share": Measure("step time in collectives with every rank in", "%"),
+    "collective_wait": Measure("step time lost waiting for the late rank", "%"),
     "tp_scaling": Measure("speed per computed token against the baseline", "×"),
     # step 5
     "prefix_reuse_missed": Measure("prompt tokens recomputed that the cache could serve", "%"),

@@ -20,50 +20,103 @@ def _summary(ctx: TriageContext):
 
 @fact(
     "comm_share",
-    provides=("ranks", "comm_ms", "step_ms", "per_step", "bytes_per_step", "all_reduce_us",
-              "transfer_us", "compute_ms"),
+    provides=("ranks", "comm_ms", "own_ms", "wait_ms", "step_ms", "per_step", "bytes_per_step",
+              "all_reduce_us", "transfer_us", "compute_ms"),
 )  # fmt: skip
 def comm_share(ctx: TriageContext) -> Fact | Unavailable:
-    """Share of rank 0's step time spent inside collectives (all-reduces of tensor
-    parallelism): time the split of the model's work has to earn back."""
+    """Share of rank 0's step time inside collectives once every rank has entered them
+    (all-reduces of tensor parallelism): what the collectives cost themselves, which the
+    split of the model's work has to earn back. Time spent waiting for a later rank is
+    the straggler's (collective_wait), not the collectives'."""
     s = _summary(ctx)
     if s is None:
         return Unavailable(_NONE)
     evidence = (
         ev("ranks", "ranks", s.ranks),
         ev("comm_ms", "in collectives per step", s.comm_ms_per_step, "ms"),
+        ev("own_ms", "of which with every rank in", s.own_comm_ms_per_step, "ms"),
+        ev("wait_ms", "of which waiting for a later rank",
+           s.comm_ms_per_step - s.own_comm_ms_per_step, "ms"),
         ev("step_ms", "step time", s.step_ms, "ms"),
         ev("per_step", "collectives per step", s.collectives_per_step),
         ev("bytes_per_step", "bytes per step per rank", s.bytes_per_step, "B"),
         ev("all_reduce_us", "collective (median)", s.all_reduce_us, "µs"),
         ev("transfer_us", "of which transfer (median)", s.all_reduce_transfer_us, "µs"),
         ev("compute_ms", "step time outside collectives", s.step_ms - s.comm_ms_per_step, "ms"),
-    )
-    return Fact(s.comm_share, evidence, impact=s.comm_share)
+    )  # fmt: skip
+    value = s.own_comm_ms_per_step / s.step_ms if s.step_ms > 0 else float("nan")
+    return Fact(value, evidence, impact=value)
+
+
+# A straggler getting less than this share of the others' CPU per second is short of CPU.
+_CPU_SHORT = 0.75
 
 
 @fact(
     "collective_wait",
-    provides=("ranks", "straggler", "late_share", "lateness_us", "wait_ms", "uncertainty_us"),
-)
+    provides=("ranks", "straggler", "late_share", "lateness_us", "wait_ms", "imbalance_ms",
+              "uncertainty_us", "bound_pct", "fwd_ms", "others_fwd_ms", "cpu_per_s",
+              "others_cpu_per_s", "switches", "others_switches", "why"),
+)  # fmt: skip
 def collective_wait(ctx: TriageContext) -> Fact | Unavailable:
-    """Share of all ranks' collective time spent waiting for the last rank to enter: the
-    straggler is the rank that enters last most often, and by how much."""
+    """Share of the step time lost to one rank arriving late at the collectives: the other
+    ranks' waiting for it less its own waiting for them (waiting both ways is jitter;
+    one-sided waiting is a straggler), and why it is late — its forwards against the
+    others', and the CPU its process got over them."""
     s = _summary(ctx)
     if s is None:
         return Unavailable(_NONE)
     if s.ranks < 2:
         return Unavailable("the run's collectives come from one rank")
+    r = s.waited_for_rank
+    me = s.hosts.get(r)
+    others = [h for k, h in s.hosts.items() if k != r]
+    o_fwd = _mean_of(h.forward_ms for h in others)
+    o_cpu = _mean_of(h.cpu_per_s for h in others)
+    o_sw = _mean_of(h.switches_per_forward for h in others)
+    why = _why(me, o_cpu)
     evidence = (
         ev("ranks", "ranks", s.ranks),
-        ev("straggler", "rank entering last most often", s.straggler_rank),
-        ev("late_share", "of collectives it entered last", s.straggler_share, "%"),
-        ev("lateness_us", "how late (median)", s.straggler_lateness_us, "µs"),
-        ev("wait_ms", "waiting, per rank",
-           ", ".join(f"{r}: {w:.0f} ms" for r, w in s.rank_wait_ms.items())),
+        ev("straggler", "the rank the others wait for", r),
+        ev("imbalance_ms", "step time lost waiting for it", s.imbalance_ms_per_step, "ms"),
+        ev("late_share", "of collectives it entered last",
+           s.straggler_share if s.straggler_rank == r else 1 - s.straggler_share, "%"),
+        ev("lateness_us", "how late the last rank came (median)", s.straggler_lateness_us, "µs"),
+        ev("wait_ms", "waiting in collectives, per rank",
+           ", ".join(f"{k}: {w:.0f} ms" for k, w in s.rank_wait_ms.items())),
+        ev("fwd_ms", f"rank {r}'s forward (median)", me.forward_ms if me else float("nan"), "ms"),
+        ev("others_fwd_ms", "the others' forward (median)", o_fwd, "ms"),
+        ev("cpu_per_s", f"CPU per second of rank {r}'s forwards",
+           me.cpu_per_s if me else float("nan")),
+        ev("others_cpu_per_s", "the others'", o_cpu),
+        ev("switches", f"preemptions per forward, rank {r}",
+           me.switches_per_forward if me else float("nan")),
+        ev("others_switches", "the others'", o_sw),
+        ev("why", "why it is late", why),
         ev("uncertainty_us", "clock alignment uncertainty", s.clock_uncertainty_us, "µs"),
+        ev("bound_pct", "what misaligned clocks could account for", s.imbalance_bound_share, "%"),
     )  # fmt: skip
-    return Fact(s.wait_share, evidence, impact=s.wait_share)
+    value = s.imbalance_share
+    # Within what clock misalignment alone could produce, it is not a measured straggler.
+    cap = "info" if not value > s.imbalance_bound_share else None
+    return Fact(value, evidence, impact=value, max_severity=cap)
+
+
+def _mean_of(values) -> float:
+    v = [x for x in values if x == x]
+    return sum(v) / len(v) if v else float("nan")
+
+
+def _why(me, others_cpu: float) -> str:
+    if me is None or not (me.cpu_per_s == me.cpu_per_s and others_cpu == others_cpu):
+        return "the run has no host evidence per rank"
+    if me.cpu_per_s < _CPU_SHORT * others_cpu:
+        return (f"its process got {me.cpu_per_s:.2f} CPU-seconds per second of forward against "
+                f"{others_cpu:.2f} on the others: it is short of CPU (other processes on its "
+                "cores, a throttled or stopped process)")  # fmt: skip
+    return (f"it got as much CPU as the others ({me.cpu_per_s:.2f} against {others_cpu:.2f} "
+            "per second of forward) yet arrives late: more work on it, a slower core or "
+            "device, or pauses between its forwards (stalls, work only it does)")  # fmt: skip
 
 
 def _tp(run) -> int:

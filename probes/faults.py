@@ -13,6 +13,12 @@ happened. The points, and where their time lands in the lifecycle:
 - `step_gap_ms`: after each step ends and before the next begins — host work between
   forward passes (output processing, detokenisation, bookkeeping).
 
+- `slow_rank` (tensor parallelism): one rank made slower from outside its process, so
+  the others wait for it in every collective — `slow_rank_neighbours` processes spinning
+  on the core that rank is pinned to (contention on one rank's host), and/or
+  `slow_rank_stall_ms` of SIGSTOP every `slow_rank_period_ms` (a rank that stalls: a
+  preempted VM, a paging host). Applied by `rank_fault` while the run records.
+
 `busy=True` spins the CPU instead of sleeping (CPU work that holds the GIL, as Python
 host code does); sleeping is the default because it costs shared machines nothing.
 
@@ -26,8 +32,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +50,9 @@ from ..engine_ref.hooks import (
 )
 from ..errors import ConfigError
 
+# The faults that spend time at an engine hook (FaultObserver); the rest act from outside.
+_HOOK_FAULTS = ("input_delay_ms", "input_delay_per_token_us", "schedule_delay_ms", "step_gap_ms")
+
 
 @dataclass(frozen=True)
 class FaultOptions:
@@ -50,23 +61,42 @@ class FaultOptions:
     schedule_delay_ms: float = 0.0
     step_gap_ms: float = 0.0
     busy: bool = False
+    slow_rank: int | None = None
+    slow_rank_neighbours: int = 0
+    slow_rank_stall_ms: float = 0.0
+    slow_rank_period_ms: float = 20.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.type == "float" and not value >= 0:
+            if f.type in ("float", "int") and not value >= 0:
                 raise ConfigError(f"fault {f.name} must be >= 0, got {value}")
+        if self.slow_rank is not None:
+            if self.slow_rank < 0:
+                raise ConfigError(f"fault slow_rank must be >= 0, got {self.slow_rank}")
+            if not (self.slow_rank_neighbours or self.slow_rank_stall_ms):
+                raise ConfigError(
+                    "fault slow_rank needs slow_rank_neighbours or slow_rank_stall_ms"
+                )
+            if self.slow_rank_stall_ms and self.slow_rank == 0:
+                raise ConfigError("fault slow_rank_stall_ms stops a worker: slow_rank must be >= 1")
+            if self.slow_rank_stall_ms >= self.slow_rank_period_ms:
+                raise ConfigError("fault slow_rank_stall_ms must be < slow_rank_period_ms")
 
     @property
     def active(self) -> bool:
-        return any(getattr(self, f.name) > 0 for f in dataclasses.fields(self) if f.type == "float")
+        return self.hooks_active or self.slow_rank is not None
+
+    @property
+    def hooks_active(self) -> bool:
+        return any(getattr(self, name) > 0 for name in _HOOK_FAULTS)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def wrap(self, observer: EngineObserver) -> EngineObserver:
         """The observer to give the engine: `observer` itself when no fault is set."""
-        return FaultObserver(observer, self) if self.active else observer
+        return FaultObserver(observer, self) if self.hooks_active else observer
 
 
 def spend(seconds: float, busy: bool) -> None:
@@ -132,6 +162,77 @@ def burning(processes: int) -> Iterator[None]:
             p.kill()
         for p in procs:
             p.wait()
+
+
+@contextlib.contextmanager
+def rank_fault(faults: FaultOptions | None, rank_pids: list[int]) -> Iterator[None]:
+    """Slow rank `faults.slow_rank` (its process is `rank_pids[rank]`) while the block runs:
+    pin it to one core and start neighbours spinning there, and/or stop it for
+    `slow_rank_stall_ms` every `slow_rank_period_ms`. Nothing when no rank fault is set."""
+    if faults is None or faults.slow_rank is None:
+        yield
+        return
+    rank = faults.slow_rank
+    if rank >= len(rank_pids):
+        raise ConfigError(f"fault slow_rank {rank}: the run has {len(rank_pids)} rank(s) "
+                          "(use --tp)")  # fmt: skip
+    pid = rank_pids[rank]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    neighbours: list[subprocess.Popen] = []
+    stop = threading.Event()
+    staller = None
+    try:
+        if faults.slow_rank_neighbours and cores:
+            core = {cores[rank % len(cores)]}
+            _pin_process(pid, core)
+            for _ in range(faults.slow_rank_neighbours):
+                p = subprocess.Popen(
+                    [sys.executable, "-c", "while True: pass"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                neighbours.append(p)
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(p.pid, core)
+        if faults.slow_rank_stall_ms:
+            staller = threading.Thread(
+                target=_stall, name="fault-stall", daemon=True,
+                args=(pid, faults.slow_rank_stall_ms / 1e3, faults.slow_rank_period_ms / 1e3,
+                      stop),
+            )  # fmt: skip
+            staller.start()
+        yield
+    finally:
+        stop.set()
+        if staller is not None:
+            staller.join()
+        for p in neighbours:
+            p.kill()
+        for p in neighbours:
+            p.wait()
+
+
+def _pin_process(pid: int, cores: set[int]) -> None:
+    """Every thread of `pid` onto `cores` (sched_setaffinity on a pid moves one thread)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, cores)
+
+
+def _stall(pid: int, stall_s: float, period_s: float, stop: threading.Event) -> None:
+    while not stop.wait(period_s - stall_s):
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(stall_s)
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def machine_cores() -> int:

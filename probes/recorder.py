@@ -114,14 +114,19 @@ class RunRecorder(EngineObserver):
         for e in events:
             span((e.name, "comm", e.start_ns, e.end_ns - e.start_ns, None, None, None, None,
                   e.rank, e.step_id, None, None, e.nbytes,
-                  f'{{"group": "{e.group}", "seq": {e.seq}}}'))  # fmt: skip
+                  f'{{"group": "{e.group}", "seq": {e.seq}, '
+                  f'"cpu_time_ns": {e.cpu_time_ns or 0}}}'))  # fmt: skip
 
     def on_rank_steps(self, events: list[RankStepEvent]) -> None:
         # A worker rank's forward of a step (rank 0's forward is its "forward" phase).
         span = self._span
         for e in events:
+            host = None
+            if e.cpu_time_ns is not None:
+                host = (f'{{"cpu_time_ns": {e.cpu_time_ns}, '
+                        f'"involuntary_switches": {e.involuntary_switches or 0}}}')  # fmt: skip
             span(("tp_forward", "python", e.start_ns, e.end_ns - e.start_ns, None, None, None,
-                  None, e.rank, e.step_id, None, None, None, None))  # fmt: skip
+                  None, e.rank, e.step_id, None, None, None, host))  # fmt: skip
 
     def on_expert_loads(self, events: list[ExpertLoadEvent]) -> None:
         # Counters at the step's start (its row's start_ns: how analyzers find the step),

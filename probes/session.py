@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from ..traces.writer import RunWriter
 from .client import Progress, drive
 from .cuda_timing import make_step_timer
 from .device_sampler import DeviceSampler
-from .faults import FaultOptions
+from .faults import FaultOptions, rank_fault
 from .gc_probe import GcProbe
 from .profiler_window import ProfilerWindow
 from .recorder import RunRecorder
@@ -65,6 +66,10 @@ def record_run(
         engine = replicas[0]
         planned = plan(options.workload, engine.config.model.vocab_size)
         check_workload_fits(planned, engine)
+        rank_pids = [os.getpid(), *(engine.tp.pids if engine.tp is not None else ())]
+        if faults is not None and (faults.slow_rank or 0) >= len(rank_pids):
+            raise ConfigError(f"fault slow_rank {faults.slow_rank}: the engine has "
+                              f"{len(rank_pids)} rank(s)")  # fmt: skip
     except BaseException:
         for e in replicas:
             e.close()
@@ -123,8 +128,9 @@ def record_run(
                 worker_pids=workers,
             ).start()  # fmt: skip
         progress = Progress(total=len(planned))
-        asyncio.run(_drive(replicas, sink, planned, options, progress, on_progress,
-                           progress_interval_s, writer))  # fmt: skip
+        with rank_fault(faults, rank_pids):
+            asyncio.run(_drive(replicas, sink, planned, options, progress, on_progress,
+                               progress_interval_s, writer))  # fmt: skip
         status = COMPLETE
     except KeyboardInterrupt:
         status = INTERRUPTED

@@ -385,6 +385,33 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
         variant_of="prefix-cache-off",
     ),
+    # Tensor parallelism with one slow rank, slowed from outside its process: a neighbour
+    # spinning on the core it is pinned to, or SIGSTOP pauses. The sampler stays on (as in
+    # `perfdiag run`), so the host checks can tell other processes from the ranks' own.
+    Scenario(
+        "tp-slow-rank",
+        "tensor parallel 2, rank 1 shares its core with a CPU-burning process",
+        "collective-wait",
+        engine=dict(tp=2),
+        workload=dict(arrival=_closed(4)),
+        faults=FaultOptions(slow_rank=1, slow_rank_neighbours=1),
+        probes=dict(device_sampling=True),
+    ),
+    Scenario(
+        "tp-slow-rank-b",
+        "tensor parallel 2, rank 1 stopped 8 ms of every 20, open loop, longer prompts",
+        "collective-wait",
+        engine=dict(tp=2, chunk_size=128),
+        workload=dict(
+            arrival=_open(10.0),
+            seed=2,
+            prompt_len=_len("uniform:32:160"),
+            output_len=_len("uniform:8:24"),
+        ),
+        faults=FaultOptions(slow_rank=1, slow_rank_stall_ms=8.0, slow_rank_period_ms=20.0),
+        probes=dict(device_sampling=True),
+        variant_of="tp-slow-rank",
+    ),
 )
 
 
