@@ -4,6 +4,7 @@ engine (closed, failed, killed, interrupted)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -203,6 +204,18 @@ def test_tp_run_records_every_rank(cli, tmp_path):
     s = collectives.summarize(run)
     assert s.ranks == 2 and s.steps == len(steps) and 0 < s.comm_share < 1
     assert abs(s.wait_share + s.transfer_share - 1) < 0.05
+    # host evidence per rank: the workers' CPU over each forward, every call's CPU time
+    assert all(json.loads(a)["cpu_time_ns"] >= 0 for a in fwd["args"])
+    assert all("cpu_time_ns" in json.loads(a) for a in comm["args"])
+    assert set(s.hosts) == {0, 1} and s.hosts[1].cpu_per_s >= 0
+    # the export: each rank its own CPU lane, every collective linked across the ranks
+    trace = tmp_path / "trace.json"
+    assert cli("export", out, "-f", "chrome", "-o", trace).returncode == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    starts = [e for e in events if e.get("ph") == "s" and e.get("name") == "collective"]
+    assert len(starts) == len(comm) // 2
+    groups = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert {"CPU · rank 0", "CPU · rank 1"} <= groups
 
 
 def test_interrupted_tp_run_is_kept_and_leaves_no_worker(tmp_path):

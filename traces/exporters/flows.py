@@ -1,4 +1,6 @@
-"""Flows between slices: request ↔ step, step ↔ kernel, launch ↔ GPU op.
+"""Flows between slices: request ↔ step, step ↔ kernel, launch ↔ GPU op, and one
+collective across its ranks (in the order they entered it: the last arrow ends at the
+rank the others waited for).
 
 Every flow has exactly two ends. Its origin (`flows_out`) is whichever end starts first;
 on a tie, the end written first: requests are written before steps, steps before spans,
@@ -13,7 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from .sink import FLOW_LAUNCH, FLOW_STEP_KERNEL, flow_id
+from .sink import FLOW_COLLECTIVE, FLOW_LAUNCH, FLOW_STEP_KERNEL, flow_id
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 
@@ -118,6 +120,9 @@ def span_flows(
         ids_out.append(kids_out)
         rows_in.append(krows_in)
         ids_in.append(kids_in)
+    for part, acc in zip(_collective_flows(cols, categories, category_codes),
+                         (rows_out, ids_out, rows_in, ids_in), strict=True):  # fmt: skip
+        acc.append(part)
     cat = np.concatenate
     return RowFlows(
         n,
@@ -126,6 +131,32 @@ def span_flows(
         cat([np.asarray(r, np.int64) for r in rows_in]) if rows_in else [],
         cat([np.asarray(r, np.int64) for r in ids_in]) if ids_in else [],
     )
+
+
+def _collective_flows(cols, categories, category_codes) -> tuple[np.ndarray, ...]:
+    """(rows_out, ids_out, rows_in, ids_in) chaining each collective's spans over its
+    ranks. A collective is the k-th comm span of a step on every rank (each rank calls the
+    step's collectives in the same order: what `seq` numbers)."""
+    empty = (np.zeros(0, np.int64),) * 4
+    if "comm" not in categories:
+        return empty
+    ci = np.flatnonzero(
+        (category_codes == categories.index("comm")) & (cols["rank"] >= 0) & (cols["step_id"] >= 0)
+    )
+    if len(ci) < 2:
+        return empty
+    rank, step, start = cols["rank"][ci], cols["step_id"][ci], cols["start_ns"][ci]
+    order = np.lexsort((start, step, rank))
+    ci, rank, step, start = ci[order], rank[order], step[order], start[order]
+    new = np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])]
+    first = np.maximum.accumulate(np.where(new, np.arange(len(ci)), 0))
+    k = np.arange(len(ci)) - first  # the span's call order within its rank's step
+    order = np.lexsort((rank, start, k, step))  # each collective, its ranks by entry
+    ci, step, k = ci[order], step[order], k[order]
+    same = (step[1:] == step[:-1]) & (k[1:] == k[:-1])
+    src, dst = ci[:-1][same], ci[1:][same]
+    ids = (FLOW_COLLECTIVE << 40) + 1 + dst  # one flow into each later rank's span
+    return src, ids, dst, ids
 
 
 def _key(rank: np.ndarray, corr: np.ndarray) -> np.ndarray:

@@ -24,11 +24,12 @@ Args = Sequence[tuple[str, Value]]
 # Flow ids carry their kind in the bits above 40, so both ends (and Chrome's s/f pair,
 # which must agree on a name) can tell it without a lookup.
 FLOW_KIND_SHIFT = 40
-FLOW_REQUEST_STEP, FLOW_STEP_KERNEL, FLOW_LAUNCH = 0, 1, 2
+FLOW_REQUEST_STEP, FLOW_STEP_KERNEL, FLOW_LAUNCH, FLOW_COLLECTIVE = 0, 1, 2, 3
 FLOW_NAMES = {
     FLOW_REQUEST_STEP: "request-step",
     FLOW_STEP_KERNEL: "step-kernel",
     FLOW_LAUNCH: "ac2g",
+    FLOW_COLLECTIVE: "collective",  # one collective, from rank to rank in entry order
 }  # (ac2g: Kineto's name for launch → GPU op)
 
 

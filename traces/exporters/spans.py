@@ -178,6 +178,10 @@ def _resource_kinds(cols, categories: list[str], cat_codes: np.ndarray) -> np.nd
     is_copy = np.isin(cat_codes, [code[c] for c in COPY_CATEGORIES if c in code])
     on_gpu = cols["device"] >= 0
     on_cpu = ~on_gpu & ((cols["pid"] >= 0) | (cols["tid"] >= 0))
+    # A rank's host work with no thread named (tensor-parallel workers' forwards and
+    # collectives) goes to that rank's CPU group, a lane per rank, not "unattributed".
+    host_work = np.isin(cat_codes, [code[c] for c in ("comm", "python") if c in code])
+    on_cpu |= ~on_gpu & (cols["rank"] >= 0) & host_work
     kind = np.full(len(cat_codes), NOWHERE, dtype=np.int64)
     kind[on_cpu] = CPU_THREAD
     kind[on_cpu & is_comm] = CPU_COMM
@@ -203,7 +207,7 @@ def _resource_track(
         if kind == CPU_COMM:
             track = tree.child(("cpu-comm", rank, a), group, "communication")
         else:
-            tname = names.threads.get((rank, a, b)) or f"thread {b}"
+            tname = names.threads.get((rank, a, b)) or (f"thread {b}" if b >= 0 else "host")
             track = tree.child(("thread", rank, a, b), group, tname, os_tid=b)
     elif kind == NOWHERE:
         group = tree.group(("unattributed", rank), f"unattributed{_rank_label(rank)}")
