@@ -216,6 +216,12 @@ def test_tp_run_records_every_rank(cli, tmp_path):
     assert len(starts) == len(comm) // 2
     groups = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
     assert {"CPU · rank 0", "CPU · rank 1"} <= groups
+    # the TUI's resources screen: a lane per rank (it crashed on the workers' thread-less spans)
+    from perfdiag.tui.data import RunData
+    from perfdiag.tui.data_resources import build_lanes
+
+    names = {lane.name for lane in build_lanes(RunData(run)).lanes}
+    assert {"r0 comm", "r1 host"} <= names
 
 
 def test_interrupted_tp_run_is_kept_and_leaves_no_worker(tmp_path):

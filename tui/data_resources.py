@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from ..analyzers.intervals import Coverage, union
 from ..analyzers.spans import CLASS_CODE, GPU_CLASSES
@@ -102,20 +103,26 @@ def _window_lane(windows) -> Lane:
 
 
 def _resource_lanes(df, mask: np.ndarray, keys: list[str], kind: str) -> list[Lane]:
-    sub = df.loc[mask, ["start_ns", "end_ns", *keys]]
+    sub = df.loc[mask, ["start_ns", "end_ns", "cls", *keys]]
     if not len(sub):
         return []
     from ..analyzers.spans import resource_codes
 
     codes = resource_codes(sub, keys)
     labels = sub.groupby(codes)[keys].first()
+    only_comm = (sub["cls"] == CLASS_CODE["comm"]).groupby(codes).all()
     u = union(sub["start_ns"], sub["end_ns"], codes)
     out = []
     for code, row in labels.iterrows():
         piece = u.group == code
         rank = int(row[keys[0]])
         a, b = row[keys[1]], row[keys[2]]
-        name = f"gpu{_i(a)} s{_i(b)}" if kind == "gpu" else f"tid {_i(b)}"
+        if kind == "gpu":
+            name = f"gpu{_i(a)} s{_i(b)}"
+        elif pd.isna(b):  # a rank's work with no thread named (tensor-parallel ranks)
+            name = "comm" if only_comm[code] else "host"
+        else:
+            name = f"tid {_i(b)}"
         if rank >= 0:
             name = f"r{rank} {name}"
         start, end = u.start[piece], u.end[piece]
@@ -124,7 +131,7 @@ def _resource_lanes(df, mask: np.ndarray, keys: list[str], kind: str) -> list[La
 
 
 def _i(v) -> str:
-    return "?" if v != v or v is None else str(int(v))
+    return "?" if pd.isna(v) else str(int(v))
 
 
 def _default_window(data: RunData, lo: int, hi: int) -> tuple[int, int]:
