@@ -24,6 +24,7 @@ FLAGS = {
     ("engine", "policy"): "--policy",
     ("engine", "max_wait_ms"): "--max-wait-ms",
     ("engine", "preemption"): "--preemption",
+    ("engine", "router"): "--router",
     ("workload", "concurrency"): "--concurrency",
     ("workload", "rate"): "--rate",
 }

@@ -9,10 +9,12 @@ unique across replicas. Everything here is per replica from those columns:
 - busy: the replica's step time over the run's step span;
 - queue: engine-side time from `queued` to first `scheduled`; TTFT and ITL from the
   client's view (lifecycle.py);
-- lost capacity, the severity model of the `dp-imbalance` check: the time a replica had
-  no request at all while another replica held requests back (its steps ran with
-  `num_waiting > 0`), summed over replicas, as a share of the replicas' time (N × span).
-  That is work a balanced router could have moved to an idle replica;
+- excess, the severity model of the `dp-imbalance` check: the time the replica with the
+  most work spent on work beyond an even share, `busy × (1 − mean load / its load)`, as
+  a share of the run's step span — time a balanced router would have spread over the
+  others (step time taken as proportional to the tokens a replica was given);
+- lost capacity: the time a replica had no request at all while another replica held
+  requests back (its steps ran with `num_waiting > 0`), summed over replicas;
 - router effects: a shared-prefix group whose requests land on k replicas computes its
   prefix k times; a prefix-aware router (one replica per group) computes it once, so
   (k − 1) × the prefix's full blocks are hits the routing gave away.
@@ -79,6 +81,8 @@ class ReplicaAnalysis:
     idlest: int
     balanced_imbalance: float  # max / mean if each request had gone to the least-loaded
     span_s: float  # first step start to last step end
+    excess_s: float  # the busiest replica's busy time beyond an even share of the work
+    excess_share: float  # excess_s / span: the dp-imbalance check's value
     lost_s: float  # replica-seconds idle while another replica held requests back
     lost_share: float  # lost_s / (replicas × span)
     queue_excess_s: float  # busiest replica's mean queue time minus the others'
@@ -113,6 +117,8 @@ def analyze_replicas(run: Run, lc: Lifecycle | Missing | None = None) -> Replica
     busiest, idlest = int(per["replica"][np.argmax(load)]), int(per["replica"][np.argmin(load)])
     lanes = _lost(steps, reqs, ids, t0, t1)
     lost = float(lanes["lost_s"].sum())
+    heavy = per.loc[per["replica"] == busiest].iloc[0]
+    excess = float(heavy["busy_s"]) * float(1.0 - mean / load.max()) if load.max() > 0 else 0.0
     others = reqs[(reqs["replica"] != busiest) & reqs["replica"].notna()]
     mine = reqs[reqs["replica"] == busiest]
     groups = _prefix_groups(run, reqs)
@@ -126,6 +132,8 @@ def analyze_replicas(run: Run, lc: Lifecycle | Missing | None = None) -> Replica
         idlest=idlest,
         balanced_imbalance=_balanced(reqs, n),
         span_s=span / NS,
+        excess_s=excess,
+        excess_share=excess / (span / NS),
         lost_s=lost,
         lost_share=lost / (n * span / NS),
         queue_excess_s=_nanmean(mine["queue_s"]) - _nanmean(others["queue_s"]),

@@ -91,6 +91,7 @@ def load_registry() -> dict[str, FactSpec]:
         facts_latency,
         facts_load,
         facts_parallel,
+        facts_replicas,
         facts_resources,
         facts_scheduling,
     )
@@ -228,7 +229,7 @@ def worst(
     if not len(frame) or column not in frame:
         return IdList(kind, label, ())
     values = pd.to_numeric(frame[column], errors="coerce")
-    top = frame[(values > 0).to_numpy()].nlargest(n, column)
+    top = frame[(values > 0).fillna(False).to_numpy(bool)].nlargest(n, column)  # NA: not positive
     return IdList(kind, label, tuple(str(v) for v in top[id_column].tolist()))
 
 

@@ -172,3 +172,75 @@ def test_dp_refuses_what_it_does_not_combine_with(tmp_path):
                                   "-o", str(tmp_path / "x"), *extra])  # fmt: skip
         assert res.exit_code == 1 and match in str(res.exception), res.output
         assert not (tmp_path / "x").exists()
+
+
+# ---- the analysis and the check on a hand-built run ---------------------------------------
+def _two_replicas(path, heavy_share: int):
+    """Replica 0 serves `heavy_share` requests for each one replica 1 serves, all alike
+    (prompt 20, output 10), each replica's steps back to back from its first request:
+    replica 0 is busy `heavy_share` times as long."""
+    from perfdiag.traces.schema import Request, RequestEvent, Step
+    from perfdiag.traces.writer import RunWriter
+
+    ms = 1_000_000
+    t0 = 10**12
+    reqs, events, steps = [], [], []
+    sid = 0
+    for replica, n in ((0, heavy_share * 4), (1, 4)):
+        t = t0
+        for i in range(n):
+            rid = f"r{replica}-{i}"
+            reqs.append(Request(rid, 20, 10, 0, "length", replica=replica))
+            events += [
+                RequestEvent(rid, "queued", t0),
+                RequestEvent(rid, "scheduled", t, "engine", sid),
+            ]
+            for _ in range(2):  # two 5 ms steps per request, one after another
+                waiting = 1 if t > t0 else 0
+                steps.append(Step(sid, t, t + 5 * ms, num_waiting=waiting, replica=replica,
+                                  kv_blocks_used=2, kv_blocks_free=8))  # fmt: skip
+                sid += 1
+                t += 5 * ms
+            events.append(RequestEvent(rid, "finished", t, "engine", sid - 1))
+    config = {"data_parallel": {"size": 2, "router": "weighted:3,1"},
+              "run_options": {"engine": {"dp": 2, "router": "weighted:3,1"}}}  # fmt: skip
+    with RunWriter(path, command=["test"], config=config, environment_info={}) as w:
+        w.table("requests").extend(reqs)
+        w.table("request_events").extend(events)
+        w.table("steps").extend(steps)
+    return load_run(path)
+
+
+def test_the_imbalance_model_on_a_three_to_one_split(tmp_path):
+    a = analyze_replicas(_two_replicas(tmp_path / "run", 3))
+    per = a.per_replica.set_index("replica")
+    assert list(per["requests"]) == [12, 4]
+    assert a.imbalance == pytest.approx(1.5)  # 12 of 16 requests' tokens: 0.75 / 0.5
+    assert a.busiest == 0 and a.idlest == 1
+    # replica 0 busy 120 ms of a 120 ms span; beyond an even share: 120 × (1 − 1/1.5)
+    assert a.span_s == pytest.approx(0.120)
+    assert a.excess_s == pytest.approx(0.040) and a.excess_share == pytest.approx(1 / 3)
+    # replica 1 had nothing from 40 ms on while replica 0 held requests back until 120
+    assert a.lost_s == pytest.approx(0.080, abs=0.006)
+    assert a.queue_excess_s > 0
+    assert a.balanced_imbalance == pytest.approx(1.0)
+
+
+def test_an_even_split_is_not_an_imbalance(tmp_path):
+    a = analyze_replicas(_two_replicas(tmp_path / "run", 1))
+    assert a.imbalance == pytest.approx(1.0) and a.excess_share == pytest.approx(0.0)
+    assert a.lost_s == pytest.approx(0.0)
+
+
+def test_the_check_names_the_replica_and_advises_a_balanced_router(tmp_path):
+    from perfdiag.playbooks.evaluate import run_triage
+    from perfdiag.playbooks.facts import TriageContext
+
+    triage = run_triage(TriageContext(_two_replicas(tmp_path / "run", 3)))
+    f = triage.by_check("dp-imbalance")
+    assert f is not None and f.severity == "critical"  # 33 % of the run ≥ 20 %
+    assert "Replica 0" in f.title and "weighted:3,1" in f.title
+    assert f.action.flags == "--router least-loaded"
+    even = run_triage(TriageContext(_two_replicas(tmp_path / "even", 1)))
+    fired = even.by_check("dp-imbalance")
+    assert fired is None or fired.severity == "info"

@@ -48,6 +48,9 @@ _WORKLOAD = dict(
     output_len=LengthSpec.parse("uniform:8:32"),
 )
 
+_DP = dict(preset="small", kv_cache_mb=16.0, max_seqs=4, dp=2)
+_DP_WORKLOAD = dict(requests=32, warmup=4)
+
 
 def _open(rate: float, cap: int | None = None, process: str = "poisson", **kw) -> ArrivalSpec:
     return ArrivalSpec(mode="open", rate=rate, concurrency=cap, process=process, **kw)
@@ -358,6 +361,43 @@ SCENARIOS: tuple[Scenario, ...] = (
             output_len=_len("uniform:24:48"),
         ),
         variant_of="bursty",
+    ),
+    # Data-parallel replicas (--dp 2, threads of one process, one core each here) behind
+    # a load-blind weighted router: one replica gets most of the work and queues while
+    # the other has room. `small`, not `tiny`: its forward outweighs the host work the
+    # replicas' threads take turns at (tiny's replicas are host-bound by design).
+    Scenario(
+        "dp-router-imbalance",
+        "2 replicas, a weighted:3,1 router sends three requests in four to replica 0",
+        "dp-imbalance",
+        engine=dict(_DP, router="weighted:3,1"),
+        # replica 0 gets 4.1 req/s, about its capacity; both together are ~8
+        workload=dict(_DP_WORKLOAD, arrival=_open(5.5)),
+    ),
+    Scenario(
+        "dp-router-imbalance-b",
+        "the other replica overloaded (weighted:1,4), closed loop of 8, longer outputs",
+        "dp-imbalance",
+        engine=dict(_DP, router="weighted:1,4", max_seqs=3),
+        workload=dict(_DP_WORKLOAD, seed=14, arrival=_closed(8), output_len=_len("uniform:16:40")),
+        variant_of="dp-router-imbalance",
+    ),
+    Scenario(
+        "dp-healthy",
+        "nothing: 2 replicas behind a least-loaded router, load within capacity",
+        HEALTHY,
+        engine=dict(_DP, router="least-loaded"),
+        workload=dict(_DP_WORKLOAD, arrival=_open(4.0)),
+    ),
+    Scenario(
+        "dp-healthy-b",
+        "nothing: 2 replicas, round-robin, a closed loop of 4, shared prefixes",
+        HEALTHY,
+        engine=dict(_DP, router="round-robin"),
+        workload=dict(
+            _DP_WORKLOAD, seed=15, arrival=_closed(4), shared_prefix=PrefixSpec(4, 32, 1.0)
+        ),
+        variant_of="dp-healthy",
     ),
     Scenario(
         "prefix-cache-off",
