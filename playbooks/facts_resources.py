@@ -10,6 +10,7 @@ from ..analyzers.actions import Setting, other_action, run_action
 from ..analyzers.findings import IdList
 from ..analyzers.replicas import busiest_replica
 from ..analyzers.scheduler import KV_FULL, kv_pool, pool_blocks
+from ..analyzers.steptime import Stalls
 from .advice import NO_ADVICE, kv_advice
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
 
@@ -88,9 +89,15 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
     gap = np.zeros(len(s))
     gap[:-1] = np.maximum(start[1:] - end[:-1], 0) / 1e9
     gap = np.where(in_system - finished > 0, gap, 0.0)  # idle with nothing to do is not host time
-    host = host_in + gap
+    # The profiler's own time is the gate's (probe-stalls), never the engine's host work:
+    # gaps a probe held (profiler start/stop) and the profiled steps' bookkeeping.
+    gap[:-1] = np.maximum(gap[:-1] - _probe_held_s(ctx.run.spans, end[:-1], start[1:]), 0.0)
+    keep = ~_profiled(ctx, ids)
+    if not keep.any():
+        return Unavailable("every step ran inside the profiler window")
+    host, device, gap = (host_in + gap)[keep], device[keep], gap[keep]
     value = share(host.sum(), host.sum() + device.sum())
-    n = len(s)
+    n = int(keep.sum())
     evidence = (
         ev("timing", "device time from", timing),
         ev("steps", "steps", n),
@@ -104,7 +111,7 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         ev("device_pct", "device share of busy time", 1.0 - value if finite(value) else None,
            "%"),
     )  # fmt: skip
-    frame = pd.DataFrame({"step_id": ids, "host_s": host})
+    frame = pd.DataFrame({"step_id": ids[keep], "host_s": host})
     worst_steps = (
         worst(frame, "host_s", "most host time (in the step and after it)", "step", 5, "step_id"),
     )
@@ -112,6 +119,25 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         "code", "itl.p50", "Profile the step loop's host code; overlap it with the forward pass."
     )
     return Fact(value, evidence, worst_steps, impact=value if finite(value) else 0.0, action=action)
+
+
+def _profiled(ctx: TriageContext, ids: np.ndarray) -> np.ndarray:
+    """The steps inside the run's profiler window (they carry its bookkeeping)."""
+    p = ctx.get("probe_stalls")
+    if p is None or p.window_steps is None:
+        return np.zeros(len(ids), dtype=bool)
+    lo, hi = p.window_steps
+    return (ids >= lo) & (ids <= hi)
+
+
+def _probe_held_s(spans: pd.DataFrame, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Seconds of each interval [a, b] (ns) during which a probe held the engine."""
+    probe = spans[(spans["category"] == "probe").to_numpy()] if len(spans) else spans
+    if not len(probe):
+        return np.zeros(len(a))
+    start = probe["start_ns"].to_numpy(np.float64)
+    held = Stalls(start, start + probe["dur_ns"].to_numpy(np.float64))
+    return held.between(a.astype(np.float64), b.astype(np.float64)) / 1e9
 
 
 @fact(
