@@ -15,7 +15,12 @@ number of steps at once (every field may be an array). Conventions (docs/timelin
 - RMSNorm 4 FLOPs/element, RoPE 3, SiLU-and-multiply 5, residual add 1;
 - quantised weights (`weight_bytes` packed, `dequant_flops` > 0): each linear layer reads
   its packed weight once and dequantises it once per step (`for_weight_format`);
-- the final norm runs on every token; the LM head only on sampled positions.
+- the final norm runs on every token; the LM head only on sampled positions;
+- mixture of experts (`num_experts` > 0): a token computes its router, its top-k experts
+  and the shared expert (`intermediate_size` is then the shared expert's; 0: none), so
+  FLOPs follow the *active* parameters (2·P_active·N, not 2·P·N); a step reads the weights
+  of the experts its tokens touched, E·(1 − (1 − k/E)^T) of them for T tokens routed
+  uniformly (each expert's weights once), while all E stay resident in memory.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ _ALIASES = {
     "intermediate_size": ("intermediate_size", "ffn_dim"),
     "vocab_size": ("vocab_size",),
     "head_dim": ("head_dim",),
+    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
+    "experts_per_tok": ("num_experts_per_tok", "moe_top_k"),
+    "moe_intermediate_size": ("moe_intermediate_size",),
+    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
 }
 
 
@@ -66,12 +75,23 @@ class ModelShape:
     # Weight-only quantisation: FLOPs per weight each step spends dequantising (d·q + m: 2;
     # float weights: 0). `weight_bytes` is then the packed size (Q4_1 0.625, Q8_0 1.0625).
     dequant_flops: float = 0.0
+    # Mixture of experts: routed experts, top-k, each expert's width (0: a dense model).
+    num_experts: int = 0
+    experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
 
     def __post_init__(self):
         if self.dequant_flops < 0:
             raise ValueError("model dequant_flops must be >= 0")
+        optional = {"dequant_flops", "num_experts", "experts_per_tok", "moe_intermediate_size"}
+        if self.num_experts:  # the shared expert's width; a MoE may have none
+            optional.add("intermediate_size")
+            if not (1 <= self.experts_per_tok <= self.num_experts and self.moe_intermediate_size):
+                raise ValueError("a MoE model needs 1 <= experts_per_tok <= num_experts and "
+                                 "moe_intermediate_size > 0")  # fmt: skip
         for f in fields(self):
-            if f.name != "dequant_flops" and getattr(self, f.name) <= 0:
+            value = getattr(self, f.name)
+            if value < 0 or (f.name not in optional and value == 0):
                 raise ValueError(f"model {f.name} must be > 0")
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
@@ -90,9 +110,19 @@ class ModelShape:
         head_dim = get("head_dim", 0) or hidden // heads
         w = dtype_bytes(dtype or d.get("dtype") or d.get("torch_dtype") or 2)
         kv = dtype_bytes(kv_dtype or d.get("kv_cache_dtype") or w)
+        experts = get("num_experts", -1)
+        if experts > 0:  # the dense width is the shared expert's (Mixtral: none, and its
+            # intermediate_size is each expert's)
+            moe_inter = get("moe_intermediate_size", -1)
+            inter = get("shared_expert_intermediate_size", -1)
+            if moe_inter <= 0:
+                moe_inter, inter = get("intermediate_size"), 0
+            moe = (experts, get("experts_per_tok"), moe_inter)
+        else:
+            moe, inter = (0, 0, 0), get("intermediate_size")
         return cls(
             hidden, get("num_layers"), heads, get("num_kv_heads", heads), head_dim,
-            get("intermediate_size"), get("vocab_size"), w, w, kv,
+            max(inter, 0), get("vocab_size"), w, w, kv, 0.0, *moe,
         )  # fmt: skip
 
 
@@ -175,6 +205,8 @@ def step_ops(m: ModelShape, s: StepShape, *, causal: str = "exact") -> dict[str,
         "silu_and_mul": (5 * T * I, 3 * T * I * ab),
         "down_proj": linear(I, h, T),
     }
+    if m.num_experts:
+        per_layer.update(_moe_ops(m, T, linear))
     ops = {name: (L * fl, L * by) for name, (fl, by) in per_layer.items()}
     ops = {"embedding": (0 * T, T * h * (wb + ab)), **ops}
     ops["final_norm"] = norm(T)
@@ -202,4 +234,28 @@ def step_totals(m: ModelShape, s: StepShape, *, causal: str = "exact"):
     return sum(f for f, _ in ops), sum(b for _, b in ops)
 
 
+def _moe_ops(m: ModelShape, T, linear) -> dict[str, tuple]:
+    """One layer's router, shared-expert gate and routed experts (per-layer, like the rest)."""
+    E, k, Ie, h = m.num_experts, m.experts_per_tok, m.moe_intermediate_size, m.hidden_size
+    wb, ab, dq = m.weight_bytes, m.act_bytes, m.dequant_flops
+    routed = T * k  # token-expert pairs
+    touched = E * (1 - (1 - k / E) ** T)  # distinct experts hit, uniform routing
+
+    def experts(kk, n):  # each touched expert's weight read (and dequantised) once
+        return 2 * routed * kk * n + dq * kk * n * touched, touched * kk * n * wb + routed * (
+            kk + n
+        ) * ab
+
+    ops = {
+        "router": linear(h, E, T),
+        "experts_gate_up": experts(h, 2 * Ie),
+        "experts_silu_and_mul": (5 * routed * Ie, 3 * routed * Ie * ab),
+        "experts_down": experts(Ie, h),
+    }
+    if m.intermediate_size:
+        ops["shared_expert_gate"] = linear(h, 1, T)
+    return ops
+
+
 MATMUL_OPS = ("qkv_proj", "attention", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+MOE_MATMUL_OPS = ("router", "shared_expert_gate", "experts_gate_up", "experts_down")

@@ -156,6 +156,15 @@ def run(
             "or weighted:W1,W2,… (a fixed, load-blind split) [round-robin].",
         ),
     ] = None,
+    expert_bias: Annotated[
+        str | None,
+        _opt(
+            "--expert-bias",
+            panel=ENGINE,
+            help="Mixture-of-experts models: add BIAS to EXPERT's router logits, "
+            "EXPERT:BIAS[,…] (e.g. 3:2.0): skewed routing, a fault for the expert checks.",
+        ),
+    ] = None,
     # workload
     workload: Annotated[
         str | None,
@@ -333,7 +342,7 @@ def build_options(flags: dict):
         "seed": g("seed"), "kernel_backend": g("kernel_backend"),
         "cuda_graphs": True if g("cuda_graphs") else None, "model_seed": g("model_seed"),
         "weights": g("weights"), "model_file": str(model_file) if model_file else None,
-        "tp": g("tp"), "dp": g("dp"), "router": g("router"),
+        "tp": g("tp"), "dp": g("dp"), "router": g("router"), "expert_bias": g("expert_bias"),
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
     if g("no_chunked_prefill"):

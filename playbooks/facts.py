@@ -86,6 +86,7 @@ def load_registry() -> dict[str, FactSpec]:
     from . import (  # noqa: F401
         facts_compare,
         facts_critical_path,
+        facts_experts,
         facts_gate,
         facts_host,
         facts_latency,

@@ -43,6 +43,8 @@ class EngineOptions:
     tp: int = 1  # tensor-parallel ranks (processes), engine_ref/parallel.py
     dp: int = 1  # data-parallel replicas (threads of this process), engine_ref/replicas.py
     router: str = "round-robin"  # how requests reach the replicas, engine_ref/router.py
+    # Mixture of experts: "E:B[,E:B…]" adds B to expert E's router logits (skewed routing)
+    expert_bias: str | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
@@ -60,6 +62,8 @@ class EngineOptions:
         RouterPolicy.parse(self.router).check_replicas(self.dp)
         if self.dp > 1 and self.tp > 1:
             raise ConfigError("--dp and --tp together are not supported: choose one")
+        if self.expert_bias is not None:
+            parse_expert_bias(self.expert_bias)
         for name in ("seed", "model_seed"):
             value = getattr(self, name)
             if not 0 <= value <= MAX_SEED:
@@ -85,6 +89,8 @@ class EngineOptions:
             model = read_model_config(self.model_dir)
         else:
             model = ModelConfig.preset(self.preset, seed=self.model_seed)
+        if self.expert_bias:
+            model = dataclasses.replace(model, router_bias=parse_expert_bias(self.expert_bias))
         cache = CacheConfig(
             block_size=self.block_size,
             num_gpu_blocks=self.kv_blocks,
@@ -113,6 +119,23 @@ class EngineOptions:
             cuda_graphs=self.cuda_graphs,
             tensor_parallel_size=self.tp,
         )
+
+
+def parse_expert_bias(text: str) -> tuple[tuple[int, float], ...]:
+    """'3:2.0,5:1' → ((3, 2.0), (5, 1.0)): router-logit biases per expert."""
+    out = []
+    for part in text.split(","):
+        expert, _, bias = part.strip().partition(":")
+        try:
+            e, b = int(expert), float(bias)
+        except ValueError:
+            raise ConfigError(
+                f"bad --expert-bias {text!r}: use EXPERT:BIAS[,EXPERT:BIAS…], e.g. 3:2.0"
+            ) from None
+        if not (e >= 0 and math.isfinite(b)):
+            raise ConfigError(f"bad --expert-bias {text!r}: experts >= 0, finite biases")
+        out.append((e, b))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
