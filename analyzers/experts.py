@@ -11,7 +11,8 @@ takes as long as its busiest rank's experts: the imbalance costs, per step and l
 `(max_r − mean_r) tokens on rank r × c`, against a placement where every rank carried the
 mean. `c`, the time one token spends in one expert, is the run's own: the slope of each
 rank's wait at a MoE combine against how many fewer tokens its experts had than the
-busiest rank's (least squares through the origin), when the run has per-rank collectives;
+busiest rank's (least squares with an intercept, which takes up lateness for other
+reasons), when the run has per-rank collectives;
 otherwise the step time per token × the routed experts' share of a token's FLOPs. On one
 rank nothing waits: the same expert-tokens are computed, in fewer and larger GEMMs.
 
@@ -247,9 +248,7 @@ def summarize(run, loads: pd.DataFrame | None = None) -> ExpertSummary | None:
         cost_share=cost_ns / step_ns if step_ns else 0.0,
         balanced=[int(r) for r in balanced],
         balanced_max_mean=_max_mean(bal_rank),
-        balanced_cost_share=(
-            excess(bal_rank) * c_ns / step_ns if step_ns and ranks > 1 else 0.0
-        ),
+        balanced_cost_share=(excess(bal_rank) * c_ns / step_ns if step_ns and ranks > 1 else 0.0),
         replicate=replicate,
         replicated_max_mean=rep_mm,
         contiguous2_max_mean=(
@@ -316,10 +315,14 @@ def _cost_from_waits(run, per_rank, loads) -> float | None:
     r = per["rank"].to_numpy()[ok]
     deficit = per_rank.max(axis=2)[s, layer] - per_rank[s, layer, r]
     wait = per["wait_ns"].to_numpy()[ok].astype(np.float64)
-    d2 = float((deficit * deficit).sum())
-    if d2 == 0:
+    # With an intercept: a rank that is late for other reasons (host work, contention)
+    # waits or is waited for whatever its deficit; through the origin that offset would
+    # read as expert cost, most where deficits are small (decode steps).
+    dd = deficit - deficit.mean()
+    var = float((dd * dd).sum())
+    if var == 0:
         return None
-    return max(float((wait * deficit).sum()) / d2, 0.0)
+    return max(float((dd * (wait - wait.mean())).sum()) / var, 0.0)
 
 
 def _expert_flop_share(run) -> float | None:

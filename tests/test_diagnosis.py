@@ -98,6 +98,13 @@ VARIANTS = {
         sc.varied(sc.by_name("tp-slow-rank"), seed=19, arrival=ArrivalSpec("closed", 3)),
         faults=FaultOptions(slow_rank=1, slow_rank_stall_ms=6.0, slow_rank_period_ms=15.0),
     ),
+    # other hot experts (1 and 2, still rank 0's), another bias, prompts and seed
+    "moe-hot-expert": dataclasses.replace(
+        sc.varied(
+            sc.by_name("moe-hot-expert"), seed=23, prompt_len=LengthSpec.parse("uniform:640:1280")
+        ),
+        engine=sc.by_name("moe-hot-expert").engine | {"expert_bias": "1:2.5,2:2.5"},
+    ),
 }
 PREREQUISITES = {
     "bursty-capacity": sc.Scenario(

@@ -137,6 +137,20 @@ def completion_rate(run_dir: Path) -> float:
     return float(m.throughput.requests_per_s)
 
 
+# Mixture of experts: small-moe (8 experts, top-2, experts as wide as the shared expert)
+# over 2 expert-parallel ranks (--tp 2: E/2 contiguous experts per rank). One request at
+# a time with long prompts: steps are the request's own prefill (no other request's work
+# to interfere), so the experts' GEMMs weigh in each step next to attention and the
+# combines.
+_MOE = dict(preset="small-moe", tp=2, kv_cache_mb=64.0, max_seqs=16, chunk_size=2048)
+_MOE_WORKLOAD = dict(
+    requests=32,
+    warmup=4,
+    arrival=_closed(1),
+    prompt_len=_len("uniform:768:1536"),
+    output_len=_len("uniform:1:3"),
+)
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("healthy", "nothing: load within capacity, defaults", HEALTHY),
     Scenario(
@@ -451,6 +465,43 @@ SCENARIOS: tuple[Scenario, ...] = (
         faults=FaultOptions(slow_rank=1, slow_rank_stall_ms=8.0, slow_rank_period_ms=20.0),
         probes=dict(device_sampling=True),
         variant_of="tp-slow-rank",
+    ),
+    # Skewed expert routing: a bias added to chosen experts' router logits (a real change
+    # of routing, --expert-bias), so the rank holding them does the MoE layers' expert
+    # work while the other waits for it at every layer's combine.
+    Scenario(
+        "moe-hot-expert",
+        "experts 2 and 3 (both on rank 0 of 2) take nearly every token: router bias +3",
+        "expert-imbalance",
+        engine=dict(_MOE, expert_bias="2:3,3:3"),
+        workload=_MOE_WORKLOAD,
+    ),
+    Scenario(
+        "moe-hot-expert-b",
+        "experts 5-7 (rank 1) biased +2.5, shorter prompts in 512-token chunks, 2-4 outputs",
+        "expert-imbalance",
+        engine=dict(_MOE, expert_bias="5:2.5,6:2.5,7:2.5", chunk_size=512),
+        workload=dict(
+            _MOE_WORKLOAD,
+            seed=3,
+            prompt_len=_len("uniform:384:768"),
+            output_len=_len("uniform:2:4"),
+        ),
+        variant_of="moe-hot-expert",
+    ),
+    Scenario(
+        "moe-healthy",
+        "nothing: the same MoE over 2 expert-parallel ranks, router as initialised, light load",
+        HEALTHY,
+        engine=dict(_MOE, chunk_size=64),
+        workload=dict(
+            requests=32,
+            warmup=4,
+            arrival=_open(1.0),
+            prompt_len=_len("uniform:32:128"),
+            output_len=_len("uniform:8:24"),
+        ),
+        variant_of="healthy",  # the healthy baseline on a MoE model over 2 ranks
     ),
 )
 
