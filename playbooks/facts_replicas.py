@@ -4,12 +4,15 @@ engine are not evaluated."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..analyzers import replicas
 from ..analyzers.actions import Setting, run_action
 from .facts import Fact, TriageContext, Unavailable, ev, fact
 
 _NONE = "the run has one engine (perfdiag run --dp N records replicas)"
 BALANCED_ROUTER = "least-loaded"
+PAID = 1.1  # the overloaded replica's latency over the others' that makes it critical
 
 
 def _analysis(ctx: TriageContext):
@@ -72,4 +75,13 @@ def dp_imbalance(ctx: TriageContext) -> Fact | Unavailable:
         ev("groups", "prefix groups", a.prefix_groups),
         ev("prefix_lost", "prefix tokens recomputed by the split", a.prefix_tokens_lost),
     )
-    return Fact(a.excess_share, evidence, impact=min(1.0, a.excess_share), action=action)
+    # Critical only if the overloaded replica's users paid for it: its TTFT or ITL (p50)
+    # at least PAID above the other replicas'. Otherwise the skew is capacity held idle.
+    others = per.drop(index=a.busiest)
+    paid = any(
+        float(over[col]) > PAID * float(others[col].median())
+        for col in ("ttft_p50_s", "itl_p50_s")
+        if np.isfinite(over[col]) and np.isfinite(others[col].median())
+    )
+    return Fact(a.excess_share, evidence, impact=min(1.0, a.excess_share),
+                max_severity=None if paid else "warning", action=action)  # fmt: skip

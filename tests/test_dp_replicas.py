@@ -175,10 +175,11 @@ def test_dp_refuses_what_it_does_not_combine_with(tmp_path):
 
 
 # ---- the analysis and the check on a hand-built run ---------------------------------------
-def _two_replicas(path, heavy_share: int):
+def _two_replicas(path, heavy_share: int, queued: bool = True):
     """Replica 0 serves `heavy_share` requests for each one replica 1 serves, all alike
     (prompt 20, output 10), each replica's steps back to back from its first request:
-    replica 0 is busy `heavy_share` times as long."""
+    replica 0 is busy `heavy_share` times as long. `queued`: all arrive at once (and wait
+    their turn), else each arrives as its replica gets to it."""
     from perfdiag.traces.schema import Request, RequestEvent, Step
     from perfdiag.traces.writer import RunWriter
 
@@ -191,12 +192,15 @@ def _two_replicas(path, heavy_share: int):
         for i in range(n):
             rid = f"r{replica}-{i}"
             reqs.append(Request(rid, 20, 10, 0, "length", replica=replica))
+            came = t0 if queued else t
             events += [
-                RequestEvent(rid, "queued", t0),
+                RequestEvent(rid, "arrival", came),
+                RequestEvent(rid, "queued", came),
                 RequestEvent(rid, "scheduled", t, "engine", sid),
+                RequestEvent(rid, "first_token", t + 5 * ms, "engine", sid, 1),
             ]
             for _ in range(2):  # two 5 ms steps per request, one after another
-                waiting = 1 if t > t0 else 0
+                waiting = 1 if queued and t > t0 else 0
                 steps.append(Step(sid, t, t + 5 * ms, num_waiting=waiting, replica=replica,
                                   kv_blocks_used=2, kv_blocks_free=8))  # fmt: skip
                 sid += 1
@@ -244,3 +248,25 @@ def test_the_check_names_the_replica_and_advises_a_balanced_router(tmp_path):
     even = run_triage(TriageContext(_two_replicas(tmp_path / "even", 1)))
     fired = even.by_check("dp-imbalance")
     assert fired is None or fired.severity == "info"
+
+
+def test_dp_1_records_one_engine_as_before(tmp_path):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", "--preset", "tiny", "-n", "4", "--warmup", "0",
+                                   "--no-device-sampling", "-q", "-o", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    run = load_run(out)
+    assert run.steps["replica"].isna().all() and run.requests["replica"].isna().all()
+    assert "data_parallel" not in run.manifest.config and "router" not in run.manifest.extra
+    assert list(run.steps["step_id"]) == list(range(len(run.steps)))  # the engine's own ids
+    assert analyze_replicas(run) is None
+
+
+def test_a_skew_its_users_did_not_pay_for_is_at_most_a_warning(tmp_path):
+    from perfdiag.playbooks.evaluate import run_triage
+    from perfdiag.playbooks.facts import TriageContext
+
+    run = _two_replicas(tmp_path / "run", 3, queued=False)
+    assert analyze_replicas(run).excess_share == pytest.approx(1 / 3)
+    f = run_triage(TriageContext(run)).by_check("dp-imbalance")
+    assert f is not None and f.severity == "warning"  # the same TTFT and ITL on both

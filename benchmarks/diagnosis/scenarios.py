@@ -400,14 +400,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         "dp-healthy",
         "nothing: 2 replicas behind a least-loaded router, load within capacity",
         HEALTHY,
-        engine=dict(_DP, router="least-loaded"),
-        workload=dict(_DP_WORKLOAD, arrival=_open(4.0)),
+        # batches of up to 16 and a third of what two replicas sustain at 4 (~8 req/s):
+        # room to spare even on a machine busy with other jobs
+        engine=dict(_DP, router="least-loaded", max_seqs=16),
+        workload=dict(_DP_WORKLOAD, arrival=_open(3.0)),
     ),
     Scenario(
         "dp-healthy-b",
         "nothing: 2 replicas, round-robin, a closed loop of 4, shared prefixes",
         HEALTHY,
-        engine=dict(_DP, router="round-robin"),
+        engine=dict(_DP, router="round-robin", max_seqs=8),
         workload=dict(
             _DP_WORKLOAD, seed=15, arrival=_closed(4), shared_prefix=PrefixSpec(4, 32, 1.0)
         ),
