@@ -11,8 +11,8 @@ takes as long as its busiest rank's experts: the imbalance costs, per step and l
 `(max_r − mean_r) tokens on rank r × c`, against a placement where every rank carried the
 mean. `c`, the time one token spends in one expert, is the run's own: the slope of each
 rank's wait at a MoE combine against how many fewer tokens its experts had than the
-busiest rank's (least squares with an intercept, which takes up lateness for other
-reasons), when the run has per-rank collectives;
+busiest rank's (least squares with an intercept per rank, which takes up a rank's
+lateness for other reasons), when the run has per-rank collectives;
 otherwise the step time per token × the routed experts' share of a token's FLOPs. On one
 rank nothing waits: the same expert-tokens are computed, in fewer and larger GEMMs.
 
@@ -315,14 +315,20 @@ def _cost_from_waits(run, per_rank, loads) -> float | None:
     r = per["rank"].to_numpy()[ok]
     deficit = per_rank.max(axis=2)[s, layer] - per_rank[s, layer, r]
     wait = per["wait_ns"].to_numpy()[ok].astype(np.float64)
-    # With an intercept: a rank that is late for other reasons (host work, contention)
-    # waits or is waited for whatever its deficit; through the origin that offset would
-    # read as expert cost, most where deficits are small (decode steps).
-    dd = deficit - deficit.mean()
-    var = float((dd * dd).sum())
-    if var == 0:
-        return None
-    return max(float((dd * (wait - wait.mean())).sum()) / var, 0.0)
+    # An intercept per rank: a rank late or early for other reasons (rank 0's host work,
+    # contention) waits that much whatever its deficit; through the origin that offset
+    # would read as expert cost, most where deficits are small (decode steps).
+    # (One intercept for all when no rank's deficit varies: a constant skew.)
+    for groups in (r, np.zeros_like(r)):
+        dd, ww = deficit.astype(np.float64), wait.copy()
+        for x in np.unique(groups):
+            on = groups == x
+            dd[on] -= dd[on].mean()
+            ww[on] -= ww[on].mean()
+        var = float((dd * dd).sum())
+        if var > 0:
+            return max(float((dd * ww).sum()) / var, 0.0)
+    return None
 
 
 def _expert_flop_share(run) -> float | None:

@@ -27,14 +27,17 @@ LOADS = [6, 4, 3, 2, 2, 1, 1, 1]
 STEPS, LAYERS, C_NS = 10, 2, 2000
 
 
-def _run(loads=LOADS, waits=True, step_ns=1_000_000):
+def _run(loads=LOADS, waits=True, step_ns=1_000_000, odd_loads=None, late_ns=0):
     """A 2-rank EP run: counters per (step, layer, expert), rank 0's steps, and per layer
     two all_reduces per rank whose MoE combine (odd seq) keeps the lighter rank waiting
-    C_NS per token it lacks."""
+    C_NS per token it lacks (odd steps route `odd_loads` when given); rank 0 comes
+    `late_ns` late to every MoE combine for reasons of its own."""
     placement = [0, 0, 0, 0, 1, 1, 1, 1]
     counters, spans = [], []
+    even = loads
     for s in range(STEPS):
         t0 = s * step_ns
+        loads = odd_loads if odd_loads is not None and s % 2 else even
         for layer in range(LAYERS):
             for e, n in enumerate(loads):
                 counters.append(("expert_tokens", t0, float(n),
@@ -44,6 +47,7 @@ def _run(loads=LOADS, waits=True, step_ns=1_000_000):
                 enter = t0 + 1000 * (seq + 1)
                 for r in (0, 1):
                     wait = (max(rank_load) - rank_load[r]) * C_NS if seq % 2 and waits else 0
+                    wait += late_ns * (seq % 2) * (r == 1)
                     last = enter + (max(rank_load) - min(rank_load)) * C_NS * (seq % 2)
                     args = f'{{"seq": {seq}}}'
                     spans.append({"name": "all_reduce", "category": "comm",
@@ -89,6 +93,14 @@ def test_the_cost_is_the_busiest_rank_over_the_mean_priced_from_the_waits():
     assert s.balanced_max_mean == pytest.approx(1.0) and s.balanced_cost_share == 0.0
     assert s.replicate is None
     assert s.rank_wait_ms[1] > 0 == s.rank_wait_ms[0]
+
+
+def test_a_rank_late_for_other_reasons_is_not_priced_as_expert_work():
+    # Decode-like odd steps (rank 0 has 3 tokens, rank 1 has 1) beside the even ones, and
+    # rank 0 always 30 µs late to the combines: through the origin that offset would
+    # read as 30 µs / 2 tokens of expert time; an intercept per rank takes it up.
+    s = experts.summarize(_run(odd_loads=[2, 1, 0, 0, 1, 0, 0, 0], late_ns=30_000))
+    assert s.us_per_token == pytest.approx(C_NS / 1e3)
 
 
 def test_an_expert_above_a_rank_share_is_to_be_replicated():
