@@ -62,6 +62,8 @@ FACT_MEASURES: dict[str, Measure] = {
     "comm_share": Measure("step time in collectives with every rank in", "%"),
     "collective_wait": Measure("step time lost waiting for the late rank", "%"),
     "tp_scaling": Measure("speed per computed token against the baseline", "×"),
+    "expert_imbalance": Measure("step time lost waiting for the rank with the hot experts", "%"),
+    "dp_imbalance": Measure("run time the busiest replica spent beyond an even share", "%"),
     # step 5
     "prefix_reuse_missed": Measure("prompt tokens recomputed that the cache could serve", "%"),
     "cache_hits": Measure("prompt tokens served by the prefix cache", "%"),
