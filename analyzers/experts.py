@@ -91,7 +91,8 @@ def placement(run, loads: pd.DataFrame) -> np.ndarray:
     the rank its counters name."""
     recorded = section(run.manifest.config, "parallel").get("expert_placement")
     num = int(loads["expert"].max()) + 1
-    if isinstance(recorded, list) and len(recorded) == num:
+    if (isinstance(recorded, list) and len(recorded) == num
+            and all(isinstance(x, int) and 0 <= x < 4096 for x in recorded)):  # fmt: skip
         return np.asarray(recorded, dtype=np.int64)
     first = loads.drop_duplicates("expert").set_index("expert")["rank"]
     return first.reindex(range(num)).fillna(0).to_numpy(np.int64)
@@ -198,7 +199,7 @@ def summarize(run, loads: pd.DataFrame | None = None) -> ExpertSummary | None:
     where = placement(run, loads)
     experts, ranks = len(where), int(where.max()) + 1
     par = section(run.manifest.config, "parallel")
-    ranks = max(ranks, int(par.get("expert_parallel_size") or 1))
+    ranks = max(ranks, _int(par.get("expert_parallel_size"), 1))
     layers = int(loads["layer"].max()) + 1
     totals_le = loads.groupby(["layer", "expert"])["tokens"].sum().unstack(fill_value=0)
     totals_le = totals_le.reindex(columns=range(experts), fill_value=0)
@@ -273,9 +274,9 @@ def _top_k(run, loads: pd.DataFrame) -> int:
     from .roofline import find_model_config
 
     model = find_model_config(run.manifest.config or {}) or {}
-    k = model.get("num_experts_per_tok")
-    if k:
-        return int(k)
+    k = _int(model.get("num_experts_per_tok"), 0)
+    if k > 0:
+        return k
     st = _steps(run)
     tokens = float((st["num_prefill_tokens"] + st["num_decode_seqs"]).sum())
     layers = int(loads["layer"].max()) + 1
@@ -342,13 +343,22 @@ def _expert_flop_share(run) -> float | None:
             int(m["num_experts_per_tok"]),
             int(m.get("num_layers") or m["num_hidden_layers"]),
         )
-    except (KeyError, TypeError, ValueError):
-        return None
-    heads, kv = int(m.get("num_heads") or 1), int(m.get("num_kv_heads") or 1)
-    d = int(m.get("head_dim") or h // heads)
-    shared = int(m.get("shared_expert_intermediate_size") or 0)
+        heads, kv = int(m.get("num_heads") or 1), int(m.get("num_kv_heads") or 1)
+        d = int(m.get("head_dim") or h // max(heads, 1))
+        shared = int(m.get("shared_expert_intermediate_size") or 0)
+        experts_n, vocab = int(m.get("num_experts") or 0), int(m.get("vocab_size") or 0)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None  # a manifest edited by hand or written by another tool
     attn = h * (heads + 2 * kv) * d + heads * d * h
     experts = k * 3 * h * inter
-    dense = attn + 3 * h * shared + h * int(m.get("num_experts") or 0)
-    total = layers * (experts + dense) + h * int(m.get("vocab_size") or 0)
-    return layers * experts / total if total else None
+    dense = attn + 3 * h * shared + h * experts_n
+    total = layers * (experts + dense) + h * vocab
+    return layers * experts / total if total > 0 else None
+
+
+def _int(value, default: int) -> int:
+    """A manifest's integer, or `default` when it holds something else."""
+    try:
+        return int(value) if value is not None else default
+    except (TypeError, ValueError, OverflowError):
+        return default
