@@ -458,6 +458,8 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
         where += f", tensor parallel {e.tp} (gloo)" if e.device == "cpu" else f", TP {e.tp}"
     if e.dp > 1:
         where += f", {e.dp} data-parallel replicas ({e.router} router)"
+    if e.expert_bias:  # a deliberate skew: say so where the run starts
+        where += f", router bias {e.expert_bias}"
     if http is not None:  # an HTTP server instead of the in-process engine
         from ..probes.http_session import record_http_run
 
