@@ -95,6 +95,29 @@ def test_the_cost_is_the_busiest_rank_over_the_mean_priced_from_the_waits():
     assert s.rank_wait_ms[1] > 0 == s.rank_wait_ms[0]
 
 
+def test_per_step_busiest_expert_and_rank():
+    run = _run(odd_loads=[2, 1, 0, 0, 1, 0, 0, 0])
+    loads = experts.expert_loads(run)
+    steps = experts.per_step(loads, experts.placement(run, loads)).set_index("step_id")
+    even, odd = steps.loc[0], steps.loc[1]
+    # Per step, summed over the 2 layers: even steps 40 routed, expert 0 has 12 of them.
+    assert (even.routed, even.max_expert, even.mean_expert, even.hot_expert) == (40, 12, 5, 0)
+    assert (even.max_rank, even.mean_rank, even.hot_rank) == (30, 20, 0)
+    assert (odd.routed, odd.max_expert, odd.max_rank, odd.mean_rank) == (8, 4, 6, 4)
+
+
+def test_expert_bias_option_is_parsed_and_checked():
+    from perfdiag.errors import ConfigError
+    from perfdiag.probes.run_options import EngineOptions, parse_expert_bias
+
+    assert parse_expert_bias("3:2.0, 5:-1") == ((3, 2.0), (5, -1.0))
+    for bad in ("3", "x:1", "3:inf", "-1:2"):
+        with pytest.raises(ConfigError, match="expert-bias"):
+            EngineOptions(preset="tiny-moe", expert_bias=bad)
+    model = EngineOptions(preset="tiny-moe", expert_bias="3:2").engine_config().model
+    assert model.router_bias == ((3, 2.0),)
+
+
 def test_a_rank_late_for_other_reasons_is_not_priced_as_expert_work():
     # Decode-like odd steps (rank 0 has 3 tokens, rank 1 has 1) beside the even ones, and
     # rank 0 always 30 µs late to the combines: through the origin that offset would
