@@ -246,4 +246,7 @@ def test_recorded_loads_add_up_and_the_check_reads_them(tmp_path, tp):
         assert finding.severity == "info" and s.cost_share == 0.0
     else:
         assert run.manifest.config["parallel"]["expert_placement"] == where.tolist()
-        assert s.hot_rank == 1 and s.cost_share > 0
+        # tiny-moe's experts are 32 wide: their time is within the waits' noise, so the
+        # price may come out 0; what is exact is where the tokens went.
+        assert s.hot_rank == 1 and s.rank_share[1] > 0.5 and s.cost_share >= 0
+        assert "waits" in s.cost_source and s.rank_wait_ms.keys() == {0, 1}
