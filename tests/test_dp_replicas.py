@@ -270,3 +270,21 @@ def test_a_skew_its_users_did_not_pay_for_is_at_most_a_warning(tmp_path):
     assert analyze_replicas(run).excess_share == pytest.approx(1 / 3)
     f = run_triage(TriageContext(run)).by_check("dp-imbalance")
     assert f is not None and f.severity == "warning"  # the same TTFT and ITL on both
+
+
+def test_the_export_gives_each_replica_its_scheduler_lane(dp_run, tmp_path):
+    out = tmp_path / "trace.json"
+    res = CliRunner().invoke(app, ["export", str(dp_run.path), "-f", "chrome", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e["name"] == "process_name"}  # fmt: skip
+    lanes: dict[str, set[int]] = {}
+    for e in events:
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("step "):
+            lanes.setdefault(names[e["pid"]], set()).add(e["args"]["step_id"])
+    assert set(lanes) == {"Scheduler · replica 0", "Scheduler · replica 1"}
+    steps = dp_run.steps
+    for r in (0, 1):  # each replica's steps, and only them, on its lane
+        mine = set(steps.loc[steps["replica"] == r, "step_id"])
+        assert lanes[f"Scheduler · replica {r}"] == mine

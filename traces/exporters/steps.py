@@ -45,8 +45,12 @@ COUNTERS = [  # (column, track name, unit)
 ]
 
 
-def scheduler_group(tree: TrackTree, rank: int) -> Track:
-    return tree.group(("scheduler", rank), "Scheduler" + ("" if rank < 0 else f" · rank {rank}"))
+def scheduler_group(tree: TrackTree, rank: int, replica: int = -1) -> Track:
+    """One per rank; a data-parallel run's replicas (each its own engine) one each."""
+    name = "Scheduler" + ("" if rank < 0 else f" · rank {rank}")
+    if replica < 0:
+        return tree.group(("scheduler", rank), name)
+    return tree.group(("scheduler", rank, "replica", replica), f"{name} · replica {replica}")
 
 
 def step_starts(steps: pa.Table) -> dict[tuple[int, int], int]:
@@ -61,19 +65,23 @@ def step_starts(steps: pa.Table) -> dict[tuple[int, int], int]:
 def write_steps(
     steps: pa.Table, tree: TrackTree, sink: Sink, flows: StepFlows, request_rank: int
 ) -> tuple[int, int]:
-    """Slices and counters per rank; request flows attach to `request_rank`'s steps.
-    Returns (slices, counter samples)."""
+    """Slices and counters per rank (and per data-parallel replica: their steps overlap);
+    request flows attach to `request_rank`'s steps. Returns (slices, counter samples)."""
     if steps.num_rows == 0:
         return 0, 0
     ranks = steps["rank"].fill_null(-1).to_numpy()
+    replicas = np.full(len(ranks), -1)
+    if "replica" in steps.column_names:
+        replicas = steps["replica"].fill_null(-1).to_numpy()
     start, end = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     written = samples = 0
-    for rank in np.unique(ranks).tolist():
-        rows = np.flatnonzero(ranks == rank)
+    for rank, replica in sorted(set(zip(ranks.tolist(), replicas.tolist(), strict=True))):
+        rows = np.flatnonzero((ranks == rank) & (replicas == replica))
         rows = rows[np.lexsort((-end[rows], start[rows]))]
         t = steps.take(pa.array(rows))
-        group = scheduler_group(tree, rank)
-        base = tree.child(("steps", rank), group, "steps")
+        group = scheduler_group(tree, rank, replica)
+        key = ("steps", rank) if replica < 0 else ("steps", rank, "replica", replica)
+        base = tree.child(key, group, "steps")
         lane_tracks, lanes = [base], NestingLanes()
         s, e = t["start_ns"].to_pylist(), t["end_ns"].to_pylist()
         ids = t["step_id"].to_pylist()
@@ -81,9 +89,7 @@ def write_steps(
         lane_of = lanes.assign(s, e)
         while len(lane_tracks) < lanes.count:
             lane_tracks.append(
-                tree.child(
-                    ("steps", rank, len(lane_tracks)), group, f"steps ({len(lane_tracks) + 1})"
-                )
+                tree.child((*key, len(lane_tracks)), group, f"steps ({len(lane_tracks) + 1})")
             )
         for i, sid in enumerate(ids):
             args = [("step_id", sid)] + [(c, v[i]) for c, v in cols if v[i] is not None]
