@@ -1,8 +1,9 @@
 """The dense reference: one request at a time, no cache, everything recomputed per token.
 
 It shares the model's weights and nothing else: its own embedding lookup, RoPE application,
-causal softmax attention over the full sequence and MLP, written plainly. The paged,
-batched, chunked, cached, preempted engine must produce the same greedy tokens.
+causal softmax attention over the full sequence and MLP, written plainly (a mixture of
+experts: every expert on every token, weighted by the router's top-k, zero elsewhere).
+The paged, batched, chunked, cached, preempted engine must produce the same greedy tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +20,32 @@ from .model import LlamaModel, rope_inv_freq
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     return w * (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _swiglu(y: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    gate, up = F.linear(y, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)
+
+
+def _moe(y: torch.Tensor, mlp) -> torch.Tensor:
+    """A Qwen2-MoE block, densely: all experts on all tokens [t, E, h], then weighted."""
+    logits = F.linear(y, mlp.gate.weight)
+    if mlp.router_bias is not None:
+        logits = logits + mlp.router_bias.to(logits.dtype)
+    probs = logits.float().softmax(-1)
+    top, idx = probs.topk(mlp.top_k, dim=-1)
+    if mlp.norm_topk_prob:
+        top = top / top.sum(-1, keepdim=True)
+    weights = torch.zeros_like(probs).scatter(1, idx, top).to(y.dtype)  # [t, E]
+    gate_up, down = mlp.experts.gate_up_proj, mlp.experts.down_proj
+    gate, up = torch.einsum("th,eih->tei", y, gate_up).chunk(2, dim=-1)
+    out = torch.einsum("tei,ehi->teh", F.silu(gate) * up, down)
+    x = (out * weights[..., None]).sum(1)
+    if mlp.shared_expert is not None:
+        s = mlp.shared_expert
+        shared = _swiglu(y, s.gate_up_proj.weight, s.down_proj.weight)
+        x = x + torch.sigmoid(F.linear(y, mlp.shared_expert_gate.weight)) * shared
+    return x
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -67,8 +94,10 @@ class DenseReference:
             o = (probs @ v.float()).to(dtype).transpose(0, 1).reshape(t, h * d)
             x = x + F.linear(o, a.o_proj.weight, a.o_proj.bias)
             y = _rms(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
-            gate, up = F.linear(y, layer.mlp.gate_up_proj.weight).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
+            if cfg.is_moe:
+                x = x + _moe(y, layer.mlp)
+            else:
+                x = x + _swiglu(y, layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)
         x = _rms(x, m.norm.weight, cfg.rms_norm_eps)
         return F.linear(x, m.lm_head_weight).float()
 
