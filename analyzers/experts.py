@@ -183,6 +183,7 @@ class ExpertSummary(NamedTuple):
     replicated_max_mean: float  # predicted with that expert on every rank (load split)
     contiguous2_max_mean: float  # one rank: busiest/mean rank were it split over 2, contiguously
     rank_wait_ms: dict  # rank → waiting in collectives (analyzers/collectives.py)
+    combine_wait_ms: dict  # rank → of which at the MoE combines: the experts' share
 
 
 def _max_mean(per_rank: np.ndarray) -> float:
@@ -218,7 +219,11 @@ def summarize(run, loads: pd.DataFrame | None = None) -> ExpertSummary | None:
     rank_tot = per_rank.sum(axis=(0, 1))
     steps = _steps(run)
     step_ns = float((steps["end_ns"] - steps["start_ns"]).sum())
-    c_ns, source = _token_cost(run, loads, where, per_rank, steps, routed)
+    samples = _combine_samples(run, per_rank, loads)
+    c_ns, source = _token_cost(samples, steps, routed, run)
+    combine_wait = {} if samples is None else {
+        int(x): float(samples[2][samples[0] == x].sum()) / 1e6 for x in np.unique(samples[0])
+    }  # fmt: skip
     cost_ns = excess(per_rank) * c_ns if ranks > 1 else 0.0
     balanced = balanced_placement(totals, ranks) if ranks > 1 else where
     bal_rank = rank_loads(loads, balanced, ranks)
@@ -258,6 +263,7 @@ def summarize(run, loads: pd.DataFrame | None = None) -> ExpertSummary | None:
             else float("nan")
         ),
         rank_wait_ms={} if comm is None else comm.rank_wait_ms,
+        combine_wait_ms=combine_wait,
     )
 
 
@@ -283,11 +289,11 @@ def _top_k(run, loads: pd.DataFrame) -> int:
     return round(float(loads["tokens"].sum()) / (tokens * layers)) if tokens else 0
 
 
-def _token_cost(run, loads, where, per_rank, steps, routed) -> tuple[float, str]:
+def _token_cost(samples, steps, routed, run) -> tuple[float, str]:
     """ns one token spends in one expert: from the waits at MoE combines (multi-rank),
     else from the step time per routed token-expert × the experts' share of FLOPs."""
-    if per_rank.shape[2] > 1:
-        c = _cost_from_waits(run, per_rank, loads)
+    if samples is not None:
+        c = _price(*samples)
         if c is not None:
             return c, "waits at the MoE combines vs the token deficit (least squares)"
     step_ns = float((steps["end_ns"] - steps["start_ns"]).sum())
@@ -297,10 +303,13 @@ def _token_cost(run, loads, where, per_rank, steps, routed) -> tuple[float, str]
     return step_ns * share / routed, "step time × the routed experts' share of FLOPs"
 
 
-def _cost_from_waits(run, per_rank, loads) -> float | None:
-    """Slope of (a rank's wait at layer l's MoE combine) on (busiest rank's tokens − its
-    own) over every step, layer and rank. engine_ref's order: per layer, attention's
-    all_reduce (seq 2l) then the MoE combine (seq 2l + 1)."""
+def _combine_samples(run, per_rank, loads):
+    """(rank, token deficit, wait ns) of every rank at every MoE combine: its wait there,
+    and how many fewer tokens its experts had than the busiest rank's in that layer.
+    engine_ref's order: per layer, attention's all_reduce (seq 2l), then the MoE combine
+    (seq 2l + 1). None without per-rank collectives."""
+    if per_rank.shape[2] < 2:
+        return None
     per = collectives.collective_spans(run.spans)
     layers = per_rank.shape[1]
     if not len(per):
@@ -315,11 +324,14 @@ def _cost_from_waits(run, per_rank, loads) -> float | None:
     s, layer = s[ok], (per["seq"].to_numpy()[ok] // 2)
     r = per["rank"].to_numpy()[ok]
     deficit = per_rank.max(axis=2)[s, layer] - per_rank[s, layer, r]
-    wait = per["wait_ns"].to_numpy()[ok].astype(np.float64)
-    # An intercept per rank: a rank late or early for other reasons (rank 0's host work,
-    # contention) waits that much whatever its deficit; through the origin that offset
-    # would read as expert cost, most where deficits are small (decode steps).
-    # (One intercept for all when no rank's deficit varies: a constant skew.)
+    return r, deficit, per["wait_ns"].to_numpy()[ok].astype(np.float64)
+
+
+def _price(r, deficit, wait) -> float | None:
+    """Slope of the waits on the deficits. An intercept per rank: a rank late or early for
+    other reasons (rank 0's host work, contention) waits that much whatever its deficit;
+    through the origin that offset would read as expert cost, most where deficits are
+    small (decode steps). One intercept for all when no rank's deficit varies."""
     for groups in (r, np.zeros_like(r)):
         dd, ww = deficit.astype(np.float64), wait.copy()
         for x in np.unique(groups):

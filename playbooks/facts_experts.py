@@ -51,7 +51,7 @@ def _advice(s: experts.ExpertSummary) -> str:
     provides=("experts", "layers", "ranks", "top_k", "max_mean", "step_max_mean", "hot",
               "hot_layer", "placement", "rank_share", "hot_rank", "hot_rank_pct",
               "rank_max_mean", "us_per_token", "cost_source", "cost_ms", "step_ms", "wait_ms",
-              "advice"),
+              "combine_wait_ms", "advice"),
 )  # fmt: skip
 def expert_imbalance(ctx: TriageContext) -> Fact | Unavailable:
     """Share of step time lost to uneven expert loads: per step and MoE layer, the busiest
@@ -66,6 +66,7 @@ def expert_imbalance(ctx: TriageContext) -> Fact | Unavailable:
     layer, expert, share = s.hot_layer
     shares = ", ".join(f"rank {r}: {x:.0%}" for r, x in enumerate(s.rank_share))
     waits = ", ".join(f"rank {r}: {w:.0f} ms" for r, w in s.rank_wait_ms.items())
+    at_combines = ", ".join(f"rank {r}: {w:.0f} ms" for r, w in s.combine_wait_ms.items())
     per_step = max(s.steps, 1)
     multi = s.ranks > 1  # the rank figures mean something only with several ranks
     evidence = (
@@ -88,6 +89,7 @@ def expert_imbalance(ctx: TriageContext) -> Fact | Unavailable:
         ev("cost_ms", "step time lost per step", s.cost_ms / per_step, "ms"),
         ev("step_ms", "step time", s.step_ms / per_step, "ms"),
         ev("wait_ms", "waiting in collectives, per rank", waits or "no collectives"),
+        ev("combine_wait_ms", "of which at the MoE combines", at_combines or None),
         ev("advice", "advice", _advice(s)),
     )  # fmt: skip
     return Fact(s.cost_share, evidence, impact=s.cost_share)

@@ -93,6 +93,8 @@ def test_the_cost_is_the_busiest_rank_over_the_mean_priced_from_the_waits():
     assert s.balanced_max_mean == pytest.approx(1.0) and s.balanced_cost_share == 0.0
     assert s.replicate is None
     assert s.rank_wait_ms[1] > 0 == s.rank_wait_ms[0]
+    # The cross-check: rank 1 waits 10 tokens × 2 µs at each of 2 combines in 10 steps.
+    assert s.combine_wait_ms == {0: 0.0, 1: pytest.approx(0.4)}
 
 
 def test_per_step_busiest_expert_and_rank():
