@@ -342,6 +342,9 @@ class EngineConfig:
     cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     # Tensor parallelism (parallel.py): one process per rank, heads and MLP columns split.
     tensor_parallel_size: int = 1
+    # Mixture of experts over those ranks: the rank of each expert, E / N per rank (empty:
+    # contiguous, rank r holding experts [r·E/N, (r+1)·E/N)).
+    expert_placement: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_model_len == 0:
@@ -380,6 +383,9 @@ class EngineConfig:
         )
         if self.tensor_parallel_size != 1:
             self._check_tensor_parallel()
+        object.__setattr__(self, "expert_placement", tuple(int(r) for r in self.expert_placement))
+        if self.expert_placement:
+            self._check_expert_placement()
         if self.model.is_moe:
             _require(
                 self.weight_format == "float" and self.resolved_kernel_backend == "torch"
@@ -416,6 +422,22 @@ class EngineConfig:
             self.resolved_kernel_backend == "torch" and not self.cuda_graphs,
             "tensor parallelism runs the torch kernels only (--kernel-backend torch, no CUDA "
             "graphs) for now",
+        )
+
+    def _check_expert_placement(self) -> None:
+        where, tp, e = self.expert_placement, self.tensor_parallel_size, self.model.num_experts
+        _require(
+            self.model.is_moe and tp > 1,
+            "an expert placement needs a mixture-of-experts model over --tp ranks",
+        )
+        _require(
+            len(where) == e, f"the expert placement names {len(where)} experts; the model has {e}"
+        )
+        counts = [where.count(r) for r in range(tp)]
+        _require(
+            all(0 <= r < tp for r in where) and counts == [e // tp] * tp,
+            f"the expert placement must give each of the {tp} ranks {e // tp} experts, got "
+            f"{counts}",
         )
 
     @property

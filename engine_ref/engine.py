@@ -165,7 +165,8 @@ class LLMEngine:
         # Mixture of experts: the rank holding each expert (all on rank 0 without EP).
         self._expert_rank = None
         if mcfg.is_moe:
-            self._expert_rank = placement(mcfg.num_experts, config.tensor_parallel_size)
+            self._expert_rank = placement(mcfg.num_experts, config.tensor_parallel_size,
+                                          config.expert_placement)  # fmt: skip
 
     def _start_tensor_parallel(self, num_blocks: int, num_cpu: int) -> None:
         from .parallel import TensorParallel, TPKVCache, local_model_config, shard_model
@@ -175,7 +176,7 @@ class LLMEngine:
         self.tp = TensorParallel(config)
         try:
             self.model = build_model(config)
-            shard_model(self.model, 0, tp, self.tp.comm)
+            shard_model(self.model, 0, tp, self.tp.comm, config.expert_placement)
             self.kv_cache = TPKVCache(
                 local_model_config(config.model, tp), num_blocks, config.cache.block_size,
                 num_cpu, torch.device(config.device), config.dtype,

@@ -9,8 +9,9 @@ the shared expert's output is scaled by `sigmoid(shared_expert_gate(x))` and add
 Expert weights are fused 3-D tensors like transformers 5 holds them: `gate_up_proj`
 [E, 2·I, h] (gate rows first) and `down_proj` [E, h, I].
 
-Expert parallelism (parallel.py `shard_model`): a rank keeps experts
-[first_expert, first_expert + E_local) and its column/row share of the shared expert. Every
+Expert parallelism (parallel.py `shard_moe`): a rank keeps the experts the placement gives
+it (`local_experts`: E/N contiguous ones by default, any E/N with
+`EngineConfig.expert_placement`) and its column/row share of the shared expert. Every
 rank routes every token (the hidden states are replicated after attention's all-reduce),
 computes only its own experts and its shared-expert share, and one all_reduce sums the
 partial outputs (gather/scatter placement: no all-to-all).
@@ -60,7 +61,8 @@ class SparseMoeBlock(nn.Module):
         self.norm_topk_prob = cfg.norm_topk_prob
         self.gate = nn.Linear(h, e, bias=False)  # the router (replicated on every rank)
         self.experts = Experts(e, h, cfg.moe_intermediate_size)
-        self.first_expert = 0  # expert parallelism: this rank's experts start here
+        # The global ids of the experts this rank holds, ascending (expert parallelism).
+        self.local_experts: list[int] = list(range(e))
         self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = SharedExpert(h, cfg.shared_expert_intermediate_size)
@@ -95,18 +97,18 @@ class SparseMoeBlock(nn.Module):
         w_flat = weights.flatten()
         # The split sizes on the host: one read per layer (a grouped GEMM would avoid it).
         n = counts.tolist()
-        lo = self.first_expert
-        start = sum(n[:lo])
+        starts = [0]
+        for c in n[:-1]:
+            starts.append(starts[-1] + c)
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
-        for j in range(gate_up.shape[0]):
-            c = n[lo + j]
+        for j, e in enumerate(self.local_experts):
+            c = n[e]
             if c:
-                sel = order[start : start + c]
+                sel = order[starts[e] : starts[e] + c]
                 tok = sel // self.top_k
                 g, u = F.linear(x[tok], gate_up[j]).chunk(2, dim=-1)
                 y = F.linear(F.silu(g) * u, down[j]) * w_flat[sel, None]
                 out.index_add_(0, tok, y)
-            start += c
         if self.shared_expert is not None:
             gate = torch.sigmoid(self.shared_expert_gate.forward(x))
             out = out + gate * self.shared_expert.forward(x)
@@ -121,7 +123,10 @@ def expert_loads(model) -> torch.Tensor | None:
     return torch.stack(loads)
 
 
-def placement(num_experts: int, ranks: int) -> list[int]:
-    """The rank holding each expert: E / ranks contiguous experts per rank."""
+def placement(num_experts: int, ranks: int, explicit: tuple[int, ...] = ()) -> list[int]:
+    """The rank holding each expert: `explicit` when given (EngineConfig.expert_placement),
+    else E / ranks contiguous experts per rank."""
+    if explicit:
+        return list(explicit)
     per = num_experts // ranks
     return [e // per for e in range(num_experts)]

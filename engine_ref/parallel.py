@@ -105,8 +105,10 @@ class TPComm:
 
 
 @torch.no_grad()
-def shard_model(model, rank: int, tp: int, comm: TPComm | None) -> None:
-    """Keep rank `rank`'s shard of every layer's weights, in place."""
+def shard_model(model, rank: int, tp: int, comm: TPComm | None,
+                experts: tuple[int, ...] = ()) -> None:  # fmt: skip
+    """Keep rank `rank`'s shard of every layer's weights, in place (`experts`: the expert
+    placement, expert → rank; empty: contiguous)."""
     cfg = model.config
     h, kvh, d = cfg.num_heads // tp, cfg.num_kv_heads // tp, cfg.head_dim
     inter = cfg.intermediate_size // tp
@@ -129,7 +131,7 @@ def shard_model(model, rank: int, tp: int, comm: TPComm | None) -> None:
         a.num_heads, a.num_kv_heads = h, kvh
         a.q_size, a.kv_size = h * d, kvh * d
         if isinstance(m, SparseMoeBlock):
-            shard_moe(m, rank, tp)
+            shard_moe(m, rank, tp, placement(m.num_experts, tp, experts))
             a.comm = m.comm = comm
             continue
         cols = slice(rank * inter, (rank + 1) * inter)
@@ -141,15 +143,15 @@ def shard_model(model, rank: int, tp: int, comm: TPComm | None) -> None:
 
 
 @torch.no_grad()
-def shard_moe(m: SparseMoeBlock, rank: int, tp: int) -> None:
-    """Expert parallelism: keep this rank's E / tp contiguous experts (the router stays
-    whole: every rank routes every token) and its column/row share of the shared expert,
-    whose partial output joins the experts' in the block's one all_reduce."""
-    per = m.num_experts // tp
-    m.first_expert = rank * per
+def shard_moe(m: SparseMoeBlock, rank: int, tp: int, where: list[int]) -> None:
+    """Expert parallelism: keep the experts `where` (expert → rank) gives this rank (the
+    router stays whole: every rank routes every token) and its column/row share of the
+    shared expert, whose partial output joins the experts' in the block's one all_reduce."""
+    m.local_experts = [e for e, r in enumerate(where) if r == rank]
+    ids = torch.tensor(m.local_experts, dtype=torch.long)
     ex = m.experts
-    _set(ex, "gate_up_proj", ex.gate_up_proj[rank * per : (rank + 1) * per])
-    _set(ex, "down_proj", ex.down_proj[rank * per : (rank + 1) * per])
+    _set(ex, "gate_up_proj", ex.gate_up_proj[ids])
+    _set(ex, "down_proj", ex.down_proj[ids])
     if m.shared_expert is not None:
         s = m.shared_expert
         i = s.down_proj.weight.shape[1]
@@ -211,6 +213,7 @@ class TensorParallel:
         self.dist = dist
         self.tp = tp = config.tensor_parallel_size
         self.model_config = config.model
+        self.expert_placement = config.expert_placement
         if dist.is_initialized():
             raise ConfigError("a tensor-parallel engine is already running in this process")
         self.device = torch.device(config.device)
@@ -295,7 +298,7 @@ class TensorParallel:
             return {}
         return {
             "expert_parallel_size": self.tp,
-            "expert_placement": placement(m.num_experts, self.tp),  # expert → rank
+            "expert_placement": placement(m.num_experts, self.tp, self.expert_placement),
             "expert_dispatch": "gather/scatter: every rank routes every token, computes "
             "its own experts; the MLP's all_reduce combines",
             "shared_expert": "column/row-parallel across ranks" if
@@ -501,7 +504,7 @@ def _worker(rank, tp, port, config, conn) -> None:
     offset = int(buf.item())
     comm = TPComm(dist.group.WORLD, rank, tp)
     model = build_model(config)
-    shard_model(model, rank, tp, comm)
+    shard_model(model, rank, tp, comm, config.expert_placement)
     local_cfg = local_model_config(config.model, tp)
     num_blocks, num_cpu = local_kv_blocks(config)
     kv = KVCache(local_cfg, num_blocks, config.cache.block_size, num_cpu, device, config.dtype)

@@ -29,9 +29,10 @@ class Records(EngineObserver):
         self.steps.append(event)
 
 
-def _config(tp: int, **model) -> EngineConfig:
+def _config(tp: int, placement=(), **model) -> EngineConfig:
     return EngineConfig(model=ModelConfig.preset("tiny-moe", **model), tensor_parallel_size=tp,
-                        scheduler=SchedulerConfig(chunk_size=8))  # fmt: skip
+                        scheduler=SchedulerConfig(chunk_size=8),
+                        expert_placement=placement)  # fmt: skip
 
 
 def _generate(engine: LLMEngine, logits: list) -> list[list[int]]:
@@ -64,7 +65,7 @@ def test_ep2_equals_one_process_tokens_logits_and_loads():
         info = two.tp.info()
         # Each rank holds half the experts and half the shared expert's columns.
         moe = two.model.layers[0].mlp
-        assert moe.experts.gate_up_proj.shape[0] == 4 and moe.first_expert == 0
+        assert moe.experts.gate_up_proj.shape[0] == 4 and moe.local_experts == [0, 1, 2, 3]
         assert moe.shared_expert.down_proj.weight.shape[1] == 32
     assert got == want
     for a, b in zip(ref_logits, ep_logits, strict=True):
@@ -79,6 +80,18 @@ def test_ep2_equals_one_process_tokens_logits_and_loads():
     # Still 2 all-reduces per layer per step per rank: attention's and the MoE combine.
     cfg = one.config.model
     assert len(two_rec.collectives) == 2 * 2 * cfg.num_layers * len(two_rec.steps)
+
+
+def test_any_placement_with_e_over_n_experts_per_rank_gives_the_same_tokens():
+    want = _generate(LLMEngine(_config(1)), [])
+    where = (1, 0, 0, 1, 1, 0, 1, 0)
+    rec = Records()
+    with LLMEngine(_config(2, where), observer=rec) as two:
+        got = _generate(two, [])
+        assert two.model.layers[1].mlp.local_experts == [1, 2, 5, 7]
+        assert two.tp.info()["expert_placement"] == list(where)
+    assert got == want
+    assert all(e.rank == where[e.expert] for e in rec.loads)
 
 
 def test_loads_add_up_to_tokens_times_top_k_per_layer():
@@ -110,6 +123,20 @@ def test_router_bias_sends_tokens_to_the_biased_expert():
 
     # A strong bias puts expert 3 in nearly every token's top-2: a share near 1/2.
     assert share(biased, 3) > 0.45 > share(plain, 3) + 0.2
+
+
+@pytest.mark.parametrize(
+    "tp, where, message",
+    [
+        (2, (0, 1, 0, 1), "names 4 experts"),
+        (2, (0, 0, 0, 0, 0, 1, 1, 1), r"each of the 2 ranks 4 experts, got \[5, 3\]"),
+        (2, (0, 1, 2, 1, 0, 1, 0, 1), "each of the 2 ranks"),
+        (1, (0,) * 8, "over --tp ranks"),
+    ],
+)
+def test_a_placement_that_does_not_fit_is_refused(tp, where, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(tp, where)
 
 
 def test_ep_needs_experts_divisible_by_ranks():
