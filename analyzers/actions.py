@@ -25,6 +25,7 @@ FLAGS = {
     ("engine", "max_wait_ms"): "--max-wait-ms",
     ("engine", "preemption"): "--preemption",
     ("engine", "router"): "--router",
+    ("engine", "expert_placement"): "--expert-placement",
     ("workload", "concurrency"): "--concurrency",
     ("workload", "rate"): "--rate",
 }

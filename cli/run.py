@@ -165,6 +165,15 @@ def run(
             "EXPERT:BIAS[,…] (e.g. 3:2.0): skewed routing, a fault for the expert checks.",
         ),
     ] = None,
+    expert_placement: Annotated[
+        str | None,
+        _opt(
+            "--expert-placement",
+            panel=ENGINE,
+            help="Mixture-of-experts models over --tp ranks: the rank of each expert, "
+            "R0,R1,… with E/N per rank (e.g. 0,1,1,0,1,0,0,1) [contiguous].",
+        ),
+    ] = None,
     # workload
     workload: Annotated[
         str | None,
@@ -343,6 +352,7 @@ def build_options(flags: dict):
         "cuda_graphs": True if g("cuda_graphs") else None, "model_seed": g("model_seed"),
         "weights": g("weights"), "model_file": str(model_file) if model_file else None,
         "tp": g("tp"), "dp": g("dp"), "router": g("router"), "expert_bias": g("expert_bias"),
+        "expert_placement": g("expert_placement"),
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
     if g("no_chunked_prefill"):

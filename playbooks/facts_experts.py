@@ -5,6 +5,7 @@ without recorded expert loads are not evaluated."""
 from __future__ import annotations
 
 from ..analyzers import experts
+from ..analyzers.actions import Setting, run_action
 from .facts import Fact, TriageContext, Unavailable, ev, fact
 
 _NONE = "the run recorded no expert loads (a mixture-of-experts model records them)"
@@ -22,6 +23,19 @@ def _ranks_text(where: list[int]) -> str:
                 start = b
         parts.append(f"rank {r}: experts {', '.join(runs)}")
     return "; ".join(parts)
+
+
+def _action(s: experts.ExpertSummary):
+    """The balancing placement as a re-run (--expert-placement), when it predicts less
+    waiting than the run's own placement."""
+    if s.ranks < 2 or s.balanced == s.placement or s.balanced_cost_share >= s.cost_share:
+        return None
+    now, to = (",".join(str(r) for r in w) for w in (s.placement, s.balanced))
+    expect = (
+        f"busiest/mean rank {s.balanced_max_mean:.2f}× (now {s.rank_max_mean:.2f}×), "
+        f"{s.balanced_cost_share:.1%} of step time lost (now {s.cost_share:.1%})"
+    )
+    return run_action("e2e.p50", Setting("engine.expert_placement", now, to), expect=expect)
 
 
 def _advice(s: experts.ExpertSummary) -> str:
@@ -42,7 +56,8 @@ def _advice(s: experts.ExpertSummary) -> str:
     return (
         f"Re-place the experts to balance the measured loads: {_ranks_text(s.balanced)}; "
         f"predicted busiest/mean rank {s.balanced_max_mean:.2f}× (now {s.rank_max_mean:.2f}×), "
-        f"cost {s.balanced_cost_share:.1%} of step time (now {s.cost_share:.1%})."
+        f"cost {s.balanced_cost_share:.1%} of step time (now {s.cost_share:.1%}): "
+        f"--expert-placement {','.join(str(r) for r in s.balanced)}."
     )
 
 
@@ -92,4 +107,4 @@ def expert_imbalance(ctx: TriageContext) -> Fact | Unavailable:
         ev("combine_wait_ms", "of which at the MoE combines", at_combines or None),
         ev("advice", "advice", _advice(s)),
     )  # fmt: skip
-    return Fact(s.cost_share, evidence, impact=s.cost_share)
+    return Fact(s.cost_share, evidence, impact=s.cost_share, action=_action(s))

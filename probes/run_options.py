@@ -45,6 +45,8 @@ class EngineOptions:
     router: str = "round-robin"  # how requests reach the replicas, engine_ref/router.py
     # Mixture of experts: "E:B[,E:B…]" adds B to expert E's router logits (skewed routing)
     expert_bias: str | None = None
+    # "R0,R1,…": the rank of each expert over the --tp ranks (None: contiguous)
+    expert_placement: str | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
@@ -64,6 +66,8 @@ class EngineOptions:
             raise ConfigError("--dp and --tp together are not supported: choose one")
         if self.expert_bias is not None:
             parse_expert_bias(self.expert_bias)
+        if self.expert_placement is not None:
+            parse_expert_placement(self.expert_placement)
         for name in ("seed", "model_seed"):
             value = getattr(self, name)
             if not 0 <= value <= MAX_SEED:
@@ -118,6 +122,7 @@ class EngineOptions:
             kernel_backend=self.kernel_backend,
             cuda_graphs=self.cuda_graphs,
             tensor_parallel_size=self.tp,
+            expert_placement=parse_expert_placement(self.expert_placement or ""),
         )
 
 
@@ -136,6 +141,21 @@ def parse_expert_bias(text: str) -> tuple[tuple[int, float], ...]:
             raise ConfigError(f"bad --expert-bias {text!r}: experts >= 0, finite biases")
         out.append((e, b))
     return tuple(out)
+
+
+def parse_expert_placement(text: str) -> tuple[int, ...]:
+    """'0,1,1,0' → (0, 1, 1, 0): the rank of each expert ('' → contiguous)."""
+    if not text.strip():
+        return ()
+    try:
+        where = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"bad --expert-placement {text!r}: the rank of each expert, e.g. 0,1,1,0"
+        ) from None
+    if min(where) < 0:
+        raise ConfigError(f"bad --expert-placement {text!r}: ranks are >= 0")
+    return where
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,31 @@ def test_a_rank_late_for_other_reasons_is_not_priced_as_expert_work():
     assert s.us_per_token == pytest.approx(C_NS / 1e3)
 
 
+def test_the_balancing_placement_is_an_action_a_rerun_can_apply():
+    from perfdiag.playbooks.facts_experts import _action
+
+    action = _action(experts.summarize(_run()))
+    assert action.kind == "run" and action.target == "e2e.p50"
+    assert action.flags == "--expert-placement 0,1,1,0,1,0,0,1"
+    assert "now 1.50×" in action.expect
+    one = _run(waits=False)
+    one.manifest.config["parallel"] = {}
+    one.counters["scope"] = one.counters["scope"].str.replace("/rank1", "/rank0")
+    assert _action(experts.summarize(one)) is None  # one rank: nothing to re-place
+
+
+def test_expert_placement_option_reaches_the_engine_config():
+    from perfdiag.errors import ConfigError
+    from perfdiag.probes.run_options import EngineOptions
+
+    opts = EngineOptions(preset="tiny-moe", tp=2, expert_placement="0,1,1,0,1,0,0,1")
+    assert opts.engine_config().expert_placement == (0, 1, 1, 0, 1, 0, 0, 1)
+    with pytest.raises(ConfigError, match="expert-placement"):
+        EngineOptions(preset="tiny-moe", tp=2, expert_placement="0,1,x")
+    with pytest.raises(ConfigError, match="each of the 2 ranks 4 experts"):
+        EngineOptions(preset="tiny-moe", tp=2, expert_placement="0,0,0,0,0,1,1,1").engine_config()
+
+
 def test_an_expert_above_a_rank_share_is_to_be_replicated():
     # Expert 0 takes 12 of 20: no placement gets a rank under 12, replication splits it.
     s = experts.summarize(_run(loads=[12, 1, 1, 1, 2, 1, 1, 1]))
