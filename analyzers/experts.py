@@ -184,6 +184,9 @@ class ExpertSummary(NamedTuple):
     contiguous2_max_mean: float  # one rank: busiest/mean rank were it split over 2, contiguously
     rank_wait_ms: dict  # rank → waiting in collectives (analyzers/collectives.py)
     combine_wait_ms: dict  # rank → of which at the MoE combines: the experts' share
+    # rank → CPU seconds its process got per second of forward (collectives.rank_hosts):
+    # on a CPU run, together fewer than the ranks means they never computed in parallel
+    rank_cpu_per_s: dict
 
 
 def _max_mean(per_rank: np.ndarray) -> float:
@@ -264,7 +267,14 @@ def summarize(run, loads: pd.DataFrame | None = None) -> ExpertSummary | None:
         ),
         rank_wait_ms={} if comm is None else comm.rank_wait_ms,
         combine_wait_ms=combine_wait,
+        rank_cpu_per_s=_cpu_per_s(comm),
     )
+
+
+def _cpu_per_s(comm) -> dict:
+    if comm is None:
+        return {}
+    return {r: h.cpu_per_s for r, h in comm.hosts.items() if np.isfinite(h.cpu_per_s)}
 
 
 def _replicated_max_mean(loads, where, ranks: int, expert: int) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..analyzers import experts
 from ..analyzers.actions import Setting, run_action
+from ..analyzers.roofline import run_device
 from .facts import Fact, TriageContext, Unavailable, ev, fact
 
 _NONE = "the run recorded no expert loads (a mixture-of-experts model records them)"
@@ -23,6 +24,22 @@ def _ranks_text(where: list[int]) -> str:
                 start = b
         parts.append(f"rank {r}: experts {', '.join(runs)}")
     return "; ".join(parts)
+
+
+def _cores_short(s: experts.ExpertSummary, device: str) -> str:
+    """On a CPU run, why a new placement may save less than predicted: the busiest rank,
+    which hardly waits, still got well under a core per second of its forwards, so the
+    machine had no core to spare for the ranks to compute at once ("" otherwise)."""
+    cpu = s.rank_cpu_per_s.get(s.hot_rank)
+    if device != "cpu" or s.ranks < 2 or cpu is None or cpu >= 0.75:
+        return ""
+    return (
+        f" Caveat: rank {s.hot_rank}, which computed the hot experts and hardly waited, got "
+        f"{cpu:.2f} CPU-seconds per second of its forwards: this machine had no core to "
+        f"spare (see host-contention), so re-placed experts would share the cores the "
+        f"ranks already compete for; the saving holds where every rank has a core or "
+        f"device of its own."
+    )
 
 
 def _action(s: experts.ExpertSummary):
@@ -66,7 +83,7 @@ def _advice(s: experts.ExpertSummary) -> str:
     provides=("experts", "layers", "ranks", "top_k", "max_mean", "step_max_mean", "hot",
               "hot_layer", "placement", "rank_share", "hot_rank", "hot_rank_pct",
               "rank_max_mean", "us_per_token", "cost_source", "cost_ms", "step_ms", "wait_ms",
-              "combine_wait_ms", "advice"),
+              "combine_wait_ms", "rank_cpu", "advice"),
 )  # fmt: skip
 def expert_imbalance(ctx: TriageContext) -> Fact | Unavailable:
     """Share of step time lost to uneven expert loads: per step and MoE layer, the busiest
@@ -105,6 +122,13 @@ def expert_imbalance(ctx: TriageContext) -> Fact | Unavailable:
         ev("step_ms", "step time", s.step_ms / per_step, "ms"),
         ev("wait_ms", "waiting in collectives, per rank", waits or "no collectives"),
         ev("combine_wait_ms", "of which at the MoE combines", at_combines or None),
+        ev("rank_cpu", "CPU per second of forward, per rank",
+           ", ".join(f"rank {r}: {c:.2f}" for r, c in s.rank_cpu_per_s.items()) or None),
         ev("advice", "advice", _advice(s)),
     )  # fmt: skip
+    caveat = _cores_short(s, run_device(ctx.run))
+    if caveat:
+        evidence = tuple(
+            ev("advice", "advice", e.value + caveat) if e.name == "advice" else e for e in evidence
+        )
     return Fact(s.cost_share, evidence, impact=s.cost_share, action=_action(s))

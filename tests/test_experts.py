@@ -141,6 +141,17 @@ def test_the_balancing_placement_is_an_action_a_rerun_can_apply():
     assert _action(experts.summarize(one)) is None  # one rank: nothing to re-place
 
 
+def test_a_cpu_run_without_a_core_per_rank_gets_a_caveat():
+    from perfdiag.playbooks.facts_experts import _cores_short
+
+    s = experts.summarize(_run())
+    assert s.hot_rank == 0 and _cores_short(s, "cpu") == ""  # no host evidence: no caveat
+    starved = s._replace(rank_cpu_per_s={0: 0.6, 1: 0.3})
+    assert "rank 0" in _cores_short(starved, "cpu") and "0.60" in _cores_short(starved, "cpu")
+    assert _cores_short(starved, "NVIDIA H100") == ""  # ranks on devices of their own
+    assert _cores_short(s._replace(rank_cpu_per_s={0: 0.95, 1: 0.3}), "cpu") == ""
+
+
 def test_expert_placement_option_reaches_the_engine_config():
     from perfdiag.errors import ConfigError
     from perfdiag.probes.run_options import EngineOptions
