@@ -218,48 +218,16 @@ PRESETS: dict[str, ModelConfig] = {
         bos_token_id=256,
         eos_token_ids=(257,),
     ),
-    # Mixture of experts (Qwen2-MoE): tests, milliseconds per step; 8 experts top-2 so
-    # routing has somewhere to go, and a shared expert like Qwen1.5-MoE.
-    "tiny-moe": ModelConfig(
-        name="tiny-moe",
-        architecture="qwen2_moe",
-        vocab_size=BYTE_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        qkv_bias=True,
-        max_position_embeddings=512,
-        bos_token_id=256,
-        eos_token_ids=(257,),
-        initializer_range=0.1,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=64,
-    ),
-    # The MoE CPU demo: ~62 M parameters resident, ~24 M active per token (the dense `small`'s
-    # compute per token, 2.5× its weights); 8 experts top-2.
-    "small-moe": ModelConfig(
-        name="small-moe",
-        architecture="qwen2_moe",
-        vocab_size=BYTE_VOCAB,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_layers=8,
-        num_heads=8,
-        num_kv_heads=2,
-        qkv_bias=True,
-        max_position_embeddings=2048,
-        bos_token_id=256,
-        eos_token_ids=(257,),
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=512,
-        shared_expert_intermediate_size=512,
-    ),
 }
+# Mixture of experts (Qwen2-MoE): the dense presets' attention and sizes, the MLP replaced by
+# 8 experts (top-2) and a shared expert like Qwen1.5-MoE's. `tiny-moe`: tests, milliseconds
+# per step. `small-moe`: the CPU demo, ~62 M parameters resident and ~24 M active per token
+# (the dense `small`'s compute per token, 2.5× its weights).
+_MOE = dict(architecture="qwen2_moe", qkv_bias=True, num_experts=8, num_experts_per_tok=2)
+PRESETS["tiny-moe"] = replace(PRESETS["tiny"], name="tiny-moe", moe_intermediate_size=32,
+                              shared_expert_intermediate_size=64, **_MOE)  # fmt: skip
+PRESETS["small-moe"] = replace(PRESETS["small"], name="small-moe", moe_intermediate_size=512,
+                               shared_expert_intermediate_size=512, **_MOE)  # fmt: skip
 
 
 @dataclass(frozen=True)
