@@ -110,6 +110,11 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
     # (and tensor-parallel ranks) outnumbered the cores. That is the engine's oversubscription,
     # not other processes taking its CPU.
     preempted &= ~(others_at < OTHERS_PRESENT_CORES)
+    if _ranks_or_replicas(run) and not np.isfinite(others_at).any():
+        # Tensor-parallel ranks or data-parallel replicas share this host's cores and
+        # preempt one another; without the sampler's view of other processes, preemption
+        # says nothing about neighbours.
+        preempted[:] = False
     starved = preempted | crowded
     with_prefill = timeline.prefill_tokens > 0
     reference = np.full(len(wall), np.nan)
@@ -146,6 +151,15 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
         lost_share=float(lost.sum() / wall.sum()) if wall.sum() else 0.0,
         per_step=per_step,
     )
+
+
+def _ranks_or_replicas(run: Run) -> bool:
+    """Whether the engine ran as several ranks or replicas on this host."""
+    config = run.manifest.config if isinstance(run.manifest.config, dict) else {}
+    par = config.get("parallel") if isinstance(config.get("parallel"), dict) else {}
+    dp = config.get("data_parallel") if isinstance(config.get("data_parallel"), dict) else {}
+    sizes = (par.get("tensor_parallel_size"), dp.get("size"))
+    return any(isinstance(n, int) and n > 1 for n in sizes)
 
 
 def _in_collectives(run: Run, step_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -143,10 +143,11 @@ def step_inflation(ctx: TriageContext) -> Fact | Unavailable:
     ids = (IdList("step", "most time beyond the model", worst_steps),)
     value = value if finite(value) else 0.0
     severity = impact.max_severity
-    if top == "unexplained" and value < UNEXPLAINED_WARNING:
+    if top == "unexplained":
         # Nothing the run recorded coincides with it: a note (with the steps to profile),
-        # not a cause, unless the model misses a large share of the engine's time.
-        severity = "info"
+        # not a cause, unless the model misses a large share of the engine's time — and
+        # never critical, since no mechanism was seen to fix.
+        severity = "info" if value < UNEXPLAINED_WARNING else "warning"
     return Fact(value, evidence, ids, impact=value, max_severity=severity)
 
 
