@@ -93,11 +93,13 @@ def test_the_step_cost_model_fits_a_recorded_run(analysis):
     # evidence the host checks need was recorded (tiny-preset steps last ~2 ms, so the
     # noise is large against them: the fit need not be "trusted" here)
     m = analysis.step_cost
-    # Prefill and decode work are priced, each by one of its terms at least (a run may not
-    # tell a chunk's cost from its tokens', or a sequence's from its context's).
+    # Prefill work is priced, by one of its terms at least (a run may not tell a chunk's
+    # cost from its tokens'). Decode's terms are never negative; at 25 req/s a tiny-preset
+    # step decodes one to three sequences of microseconds each, below the steps' noise, so
+    # the fit may price them at 0 (it did in 1 of 3 runs before and after issue 18's work).
     assert m.fixed_s > 0
     assert m.per_prefill_token_s > 0 or m.per_prefill_chunk_s > 0
-    assert m.per_decode_seq_s > 0 or m.per_context_token_s > 0
+    assert m.per_decode_seq_s >= 0 and m.per_context_token_s >= 0
     assert np.isfinite(m.r2) and np.isfinite(m.median_rel_error) and m.residual_sigma_s > 0
     # (no bound on how much is inflated: one gen-2 collection in the test process can
     # stall a tiny run's steps for 200 ms, half its busy time)
