@@ -155,10 +155,11 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
 
 def _ranks_or_replicas(run: Run) -> bool:
     """Whether the engine ran as several ranks or replicas on this host."""
-    config = run.manifest.config if isinstance(run.manifest.config, dict) else {}
-    par = config.get("parallel") if isinstance(config.get("parallel"), dict) else {}
-    dp = config.get("data_parallel") if isinstance(config.get("data_parallel"), dict) else {}
-    sizes = (par.get("tensor_parallel_size"), dp.get("size"))
+    from .run_config import section
+
+    config = run.manifest.config
+    sizes = (section(config, "parallel").get("tensor_parallel_size"),
+             section(config, "data_parallel").get("size"))  # fmt: skip
     return any(isinstance(n, int) and n > 1 for n in sizes)
 
 

@@ -8,9 +8,9 @@ import pandas as pd
 
 from ..analyzers.actions import Setting, other_action, run_action
 from ..analyzers.findings import IdList
+from ..analyzers.host import probe_stalls
 from ..analyzers.replicas import busiest_replica
 from ..analyzers.scheduler import KV_FULL, kv_pool, pool_blocks
-from ..analyzers.steptime import Stalls
 from .advice import NO_ADVICE, kv_advice
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
 
@@ -91,7 +91,7 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
     gap = np.where(in_system - finished > 0, gap, 0.0)  # idle with nothing to do is not host time
     # The profiler's own time is the gate's (probe-stalls), never the engine's host work:
     # gaps a probe held (profiler start/stop) and the profiled steps' bookkeeping.
-    gap[:-1] = np.maximum(gap[:-1] - _probe_held_s(ctx.run.spans, end[:-1], start[1:]), 0.0)
+    gap[:-1] = np.maximum(gap[:-1] - _probe_held_s(ctx.run, end[:-1], start[1:]), 0.0)
     keep = ~_profiled(ctx, ids)
     if not keep.any():
         return Unavailable("every step ran inside the profiler window")
@@ -130,13 +130,9 @@ def _profiled(ctx: TriageContext, ids: np.ndarray) -> np.ndarray:
     return (ids >= lo) & (ids <= hi)
 
 
-def _probe_held_s(spans: pd.DataFrame, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Seconds of each interval [a, b] (ns) during which a probe held the engine."""
-    probe = spans[(spans["category"] == "probe").to_numpy()] if len(spans) else spans
-    if not len(probe):
-        return np.zeros(len(a))
-    start = probe["start_ns"].to_numpy(np.float64)
-    held = Stalls(start, start + probe["dur_ns"].to_numpy(np.float64))
+def _probe_held_s(run, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Seconds of each interval [a, b] (ns, the run's clock) a probe held the engine."""
+    held = probe_stalls(run, origin_ns=0).stalls  # origin 0: the intervals in run ns
     return held.between(a.astype(np.float64), b.astype(np.float64)) / 1e9
 
 

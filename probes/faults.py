@@ -83,6 +83,12 @@ class FaultOptions:
             if self.slow_rank_stall_ms >= self.slow_rank_period_ms:
                 raise ConfigError("fault slow_rank_stall_ms must be < slow_rank_period_ms")
 
+    def check_ranks(self, ranks: int) -> None:
+        """Refuse a slow rank the engine does not have (before anything is recorded)."""
+        if self.slow_rank is not None and self.slow_rank >= ranks:
+            raise ConfigError(f"fault slow_rank {self.slow_rank}: the run has {ranks} rank(s) "
+                              "(use --tp)")  # fmt: skip
+
     @property
     def active(self) -> bool:
         return self.hooks_active or self.slow_rank is not None
@@ -172,10 +178,8 @@ def rank_fault(faults: FaultOptions | None, rank_pids: list[int]) -> Iterator[No
     if faults is None or faults.slow_rank is None:
         yield
         return
+    faults.check_ranks(len(rank_pids))
     rank = faults.slow_rank
-    if rank >= len(rank_pids):
-        raise ConfigError(f"fault slow_rank {rank}: the run has {len(rank_pids)} rank(s) "
-                          "(use --tp)")  # fmt: skip
     pid = rank_pids[rank]
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     neighbours: list[subprocess.Popen] = []

@@ -67,9 +67,8 @@ def record_run(
         planned = plan(options.workload, engine.config.model.vocab_size)
         check_workload_fits(planned, engine)
         rank_pids = [os.getpid(), *(engine.tp.pids if engine.tp is not None else ())]
-        if faults is not None and (faults.slow_rank or 0) >= len(rank_pids):
-            raise ConfigError(f"fault slow_rank {faults.slow_rank}: the engine has "
-                              f"{len(rank_pids)} rank(s)")  # fmt: skip
+        if faults is not None:
+            faults.check_ranks(len(rank_pids))
     except BaseException:
         for e in replicas:
             e.close()
