@@ -1,6 +1,7 @@
 """The load client against a null engine: schedule accuracy, back-pressure, cancellation."""
 
 import asyncio
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -34,19 +35,38 @@ def _run(spec, target=None):
     return sink, progress, planned
 
 
-def test_open_loop_delivers_the_target_rate_within_2_percent():
-    arrival = ArrivalSpec(mode="open", rate=250.0, process="constant", concurrency=None)
-    spec = WorkloadSpec(requests=600, arrival=arrival, output_len=LengthSpec(value=2))
-    sink, progress, planned = _run(spec)
-    sent = np.sort([sink.events[r.request_id]["sent"] for r in planned])
-    delivered = (len(sent) - 1) / ((sent[-1] - sent[0]) / 1e9)
-    assert delivered == pytest.approx(250.0, rel=0.02)
-    lateness = np.array([
-        sink.events[r.request_id]["created"] - sink.events[r.request_id]["scheduled_send"]
-        for r in planned
-    ])  # fmt: skip
-    assert (lateness >= 0).all()  # recorded, and never early
-    assert progress.done == 600 and progress.failed == 0
+class _StallingTarget(NullTarget):
+    """A NullTarget that blocks the client's event loop once, at one request."""
+
+    def __init__(self, stall_at: str, stall_s: float):
+        super().__init__()
+        self.stall_at, self.stall_s = stall_at, stall_s
+
+    async def stream(self, request):
+        if request.request_id == self.stall_at:
+            time.sleep(self.stall_s)  # blocks the loop: every send due meanwhile is late
+        async for chunk in super().stream(request):
+            yield chunk
+
+
+def test_open_loop_keeps_the_absolute_schedule_and_catches_up_after_a_stall():
+    # The rate achieved on a quiet machine is a benchmark's figure (benchmarks/http_client.py);
+    # here the behaviour behind it: due times come from the plan, not from the previous send,
+    # so a stalled loop sends what fell due in a burst and is back on schedule after it.
+    rate, stall_s = 100.0, 0.3
+    arrival = ArrivalSpec(mode="open", rate=rate, process="constant", concurrency=None)
+    spec = WorkloadSpec(requests=200, arrival=arrival, output_len=LengthSpec(value=2))
+    planned = list(plan(spec, 259))
+    sink, progress, planned = _run(spec, _StallingTarget(planned[50].request_id, stall_s))
+    ev = [sink.events[r.request_id] for r in planned]
+    due = np.array([e["scheduled_send"] for e in ev])
+    np.testing.assert_array_equal(due - due[0], [round(r.offset_s * 1e9) for r in planned])
+    late = np.array([e["created"] - e["scheduled_send"] for e in ev]) / 1e9
+    assert (late >= 0).all()  # recorded, and never early
+    assert late[51:60].min() > stall_s / 3  # what fell due in the stall was sent late ...
+    assert np.median(late[150:]) < stall_s / 10  # ... and the lateness did not carry on
+    assert progress.max_lateness_ns / 1e9 >= late.max() - 1e-9
+    assert progress.done == 200 and progress.failed == 0
 
 
 def test_poisson_schedule_is_followed_not_drifted():
