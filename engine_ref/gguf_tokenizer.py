@@ -10,6 +10,7 @@ rendered in a sandbox, as Hugging Face renders it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,24 @@ class GGUFTokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=bos, eos_token=eos,
         )  # fmt: skip
+
+    def save_hf(self, directory: str | Path) -> Path:
+        """Write this tokenizer as a Hugging Face tokenizer directory (tokenizer.json and
+        tokenizer_config.json), so tools that load tokenizers by path — aiperf, guidellm,
+        transformers — count tokens offline exactly as the model does."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(out / "tokenizer.json"))
+        name = self._tok.id_to_token
+        config: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": None if self.bos_token_id is None else name(self.bos_token_id),
+            "eos_token": None if self.eos_token_id is None else name(self.eos_token_id),
+            "add_bos_token": self.add_bos,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 1 << 30,
+        }
+        if self.chat_template:
+            config["chat_template"] = self.chat_template
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+        return out

@@ -11,8 +11,12 @@ counted as `unattributed_tokens`: the server merged tokens into chunks, but whic
 cannot be told). A chunk carrying several tokens is counted as a multi-token chunk.
 
 Prompts go as token ids where the server accepts them (OpenAI's completions take a list of
-ints), else as text: `open()` probes the server once and picks. Connection-level timings
-come from aiohttp's tracing (client events http_connect_start/end, http_request_sent,
+ints), else as text: `open()` probes the server once and picks. Each request carries an
+`x-request-id` (the workload's id, which `perfdiag serve` adopts for the join); a server
+that accepts only UUIDs there (llama-cpp-python's, via starlette-context, answers 400) gets
+a fresh UUID per request instead, recorded in the request's `args.http.request_id_sent`.
+Connection-level timings come from aiohttp's tracing (client events http_connect_start/end,
+http_request_sent,
 http_response_start) for the client/server join.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -62,6 +67,7 @@ class HttpRecord:
     multi_token_chunks: int = 0
     unattributed_tokens: int = 0
     retry_after: str | None = None
+    request_id_sent: str | None = None  # only when it differs from the workload's id
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,11 @@ class TargetInfo:
     server: str | None  # its Server header
     perfdiag_run: str | None  # the run a `perfdiag serve` target records into
     max_model_len: int | None
+    request_ids: str = "plain"  # plain: the workload's ids | uuid: the server wants UUIDs
+
+
+def _request_id(request_id: str, style: str) -> str:
+    return str(uuid.uuid4()) if style == "uuid" else request_id
 
 
 def ids_to_text(ids) -> str:
@@ -149,22 +160,25 @@ class HttpTarget:
             raise ConfigError(f"{where}: no model {self.model!r} (the server has {names})")
         model = card["id"]
         formats = ("ids", "text") if self.prompt_format == "auto" else (self.prompt_format,)
-        for fmt in formats:
-            for extras in (True, False):
-                if await self._probe(model, fmt, extras):
-                    max_len = card.get("max_model_len")
-                    return TargetInfo(self.url, model, fmt, extras, server, run,
-                                      max_len if isinstance(max_len, int) else None)  # fmt: skip
+        max_len = card.get("max_model_len")
+        for ids in ("plain", "uuid"):
+            for fmt in formats:
+                for extras in (True, False):
+                    if await self._probe(model, fmt, extras, ids):
+                        return TargetInfo(self.url, model, fmt, extras, server, run,
+                                          max_len if isinstance(max_len, int) else None,
+                                          ids)  # fmt: skip
         raise ConfigError(f"{self.url}: the server refuses a one-token completion request "
                           f"(tried prompts as {' and '.join(formats)})")  # fmt: skip
 
-    async def _probe(self, model: str, fmt: str, extras: bool) -> bool:
+    async def _probe(self, model: str, fmt: str, extras: bool, ids: str) -> bool:
         prompt = [100, 101, 102] if fmt == "ids" else ids_to_text([0, 1, 2])
         body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
         if extras:
             body.update(EXTRAS)
         async with self.session.post(f"{self.url}/v1/completions", json=body,
-                                     headers=self._headers("perfdiag-probe")) as resp:  # fmt: skip
+                                     headers=self._headers(_request_id("perfdiag-probe", ids))
+                                     ) as resp:  # fmt: skip
             await resp.read()
             if resp.status == 401:
                 raise ConfigError(f"{self.url}: 401 unauthorised (give --api-key)")
@@ -203,8 +217,10 @@ class HttpTarget:
         rid = request.request_id
         rec = self.records[rid] = HttpRecord()
         ctx = SimpleNamespace(rid=rid)
+        sent_id = _request_id(rid, self.info.request_ids)
+        rec.request_id_sent = None if sent_id == rid else sent_id
         resp = await self.session.post(f"{self.url}/v1/completions", json=self.body(request),
-                                       headers=self._headers(rid),
+                                       headers=self._headers(sent_id),
                                        trace_request_ctx=ctx)  # fmt: skip
         complete = False
         try:

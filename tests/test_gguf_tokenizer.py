@@ -79,3 +79,13 @@ def test_encode_equals_llama_cpp(ours):
         if text:
             want = llm.tokenize(text.encode(), add_bos=False, special=True)
             assert ours.encode(text) == want, text
+
+
+def test_saved_as_a_hugging_face_tokenizer_it_counts_the_same(ours, tmp_path):
+    # What aiperf and guidellm load by path to count tokens offline (benchmarks/aiperf_anchor.py).
+    saved = transformers.AutoTokenizer.from_pretrained(ours.save_hf(tmp_path / "tok"))
+    for text in CORPUS:
+        assert saved.encode(text, add_special_tokens=False) == ours.encode(text), text
+    chat = [{"role": "user", "content": "What is 2 + 2?"}]
+    rendered = saved.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert rendered == ours.apply_chat_template(chat)

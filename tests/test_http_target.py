@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 
 import pytest
 from aiohttp import web
@@ -32,14 +33,22 @@ class Sink:
         self.results[result.request.request_id] = result
 
 
-def fake_app(mode: str, per_chunk: int = 3, accept_ids: bool = True, status: int = 200):
-    """An OpenAI-ish server: `mode` ids | usage | final (how it reports token counts)."""
+def fake_app(mode: str, per_chunk: int = 3, accept_ids: bool = True, status: int = 200,
+             uuid_request_ids: bool = False):  # fmt: skip
+    """An OpenAI-ish server: `mode` ids | usage | final (how it reports token counts);
+    `uuid_request_ids`: an x-request-id that is not a UUID gets an empty 400, as
+    llama-cpp-python's server (starlette-context) answers."""
     seen = []
 
     async def models(request):
         return web.json_response({"data": [{"id": "fake", "max_model_len": 4096}]})
 
     async def completions(request):
+        if uuid_request_ids:
+            try:
+                uuid.UUID(request.headers.get("x-request-id", ""))
+            except ValueError:
+                return web.Response(status=400)
         body = await request.json()
         seen.append(body)
         if not accept_ids and isinstance(body["prompt"], list):
@@ -140,6 +149,17 @@ def test_text_prompts_when_the_server_refuses_token_ids():
     assert isinstance(prompt, str) and len(prompt.split()) == 6
     assert all(r.finish_reason == "length" for r in sink.results.values())
     assert ids_to_text([0, 1, 2]) == "the of and"
+
+
+def test_uuid_request_ids_when_the_server_wants_them():
+    sink, target = run_against(fake_app("ids", uuid_request_ids=True), n=3)
+    assert target.info.request_ids == "uuid" and target.info.prompt_format == "ids"
+    assert all(r.finish_reason == "length" for r in sink.results.values())
+    sent = {target.records[rid].request_id_sent for rid in sink.results}
+    assert len(sent) == 3 and all(uuid.UUID(s) for s in sent)  # one fresh UUID each
+    _, plain = run_against(fake_app("ids"), n=2)
+    assert plain.info.request_ids == "plain"  # the workload's ids, where the server takes them
+    assert all(rec.request_id_sent is None for rec in plain.records.values())
 
 
 @pytest.mark.parametrize(("status", "reason"), [(429, "rejected"), (400, "rejected"),
