@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -123,8 +124,12 @@ class _Client:
     async def open_loop(self, planned: list[PlannedRequest], cap: int | None) -> None:
         slots = asyncio.Semaphore(cap) if cap else None
         tasks = []
+        requests = iter(planned)
+        # A Plan draws its requests (up to PLAN_CHUNK at once) on the first next(): done
+        # before the clock starts, else the first sends are late by the whole draw.
+        first = next(requests, None)
         start = time.monotonic_ns()
-        for req in planned:
+        for req in itertools.chain(() if first is None else (first,), requests):
             due = start + round(req.offset_s * 1e9)
             delay = due - time.monotonic_ns()
             if delay > 0:

@@ -137,3 +137,20 @@ def test_chunks_with_several_tokens_are_recorded_as_such():
     for r in planned:
         sizes = [n for _, n in sink.chunks[r.request_id]]
         assert sum(sizes) == r.max_tokens and sizes[0] == 4
+
+
+def test_drawing_the_plan_does_not_make_the_first_sends_late():
+    # A Plan draws its first chunk on the first next(); that must happen before the clock.
+    arrival = ArrivalSpec(mode="open", rate=100.0, process="constant")
+    spec = WorkloadSpec(requests=20, arrival=arrival, output_len=LengthSpec(value=1))
+    planned = list(plan(spec, 259))
+
+    class SlowToDraw(list):
+        def __iter__(self):
+            time.sleep(0.3)
+            return super().__iter__()
+
+    sink = MemorySink()
+    asyncio.run(drive(SlowToDraw(planned), NullTarget(), sink, spec.arrival))
+    first = sink.events[planned[0].request_id]
+    assert first["created"] - first["scheduled_send"] < 0.1e9
