@@ -3,8 +3,9 @@
 Streams `max_tokens` one-token chunks (token_ids carried, usage at the end), the first after
 `--ttft-ms` and the others `--itl-ms` apart, on /v1/completions and /v1/chat/completions,
 so any OpenAI client (perfdiag's, aiperf's) can drive it. It records the monotonic time
-each request arrived (headers read; CLOCK_MONOTONIC is one clock for the whole host):
-`GET /arrivals` returns them in ns and clears the list. Prints its port on stdout.
+each request arrived (headers read; CLOCK_MONOTONIC is one clock for the whole host) with
+its x-request-id: `GET /arrivals` returns them as [ns, id] pairs and clears the list.
+Prints its port on stdout.
 
     python benchmarks/sse_server.py [--ttft-ms 1] [--itl-ms 1]
 """
@@ -24,7 +25,7 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=1.0)
     ap.add_argument("--itl-ms", type=float, default=1.0)
     args = ap.parse_args()
-    arrivals: list[int] = []
+    arrivals: list[tuple[int, str]] = []
 
     async def models(request):
         return web.json_response({"object": "list", "data": [{"id": "null", "object": "model"}]})
@@ -35,7 +36,7 @@ def main() -> None:
         return web.json_response(out)
 
     async def generate(request):
-        arrivals.append(time.monotonic_ns())
+        arrivals.append((time.monotonic_ns(), request.headers.get("x-request-id", "")))
         body = await request.json()
         chat = request.path.endswith("/chat/completions")
         n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 8)

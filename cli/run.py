@@ -508,7 +508,12 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
         health = read_manifest(result.path).extra.get("client_health") or {}
         if health.get("client_bound"):
             reasons = "; ".join(health.get("reasons", []))
-            out.print(f"[yellow]warning[/]: the load client was the bottleneck ({reasons})")
+            what = (
+                "the load client was the bottleneck"
+                if health.get("busy", True)
+                else "the load client's event loop was delayed: its timings include the delay"
+            )
+            out.print(f"[yellow]warning[/]: {what} ({reasons})")
 
 
 def _progress_table(p, elapsed: float) -> Table:

@@ -37,6 +37,9 @@ from .workload import plan
 # A client is called bound when its event-loop thread is this busy in this share of the
 # windows, or its loop lags this much at p99: its timings then measure itself.
 BUSY_CPU_PCT, BUSY_SHARE, LAG_P99_S = 85.0, 0.2, 0.02
+# Steal time worth naming as the reason a loop lagged (a vCPU paused for others stalls
+# every thread on it: tens of ms at a time on a shared 2-core VM).
+STEAL_PCT = 5.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class LoopMonitor:
                 self.flush()
 
     def _start(self) -> None:
+        self._machine0 = _machine_cpu()
         self._cpu0, self._proc0 = time.thread_time(), time.process_time()
         self._wall0 = time.monotonic()
         self._window_lag = 0.0
@@ -129,17 +133,40 @@ class LoopMonitor:
         if busy_share >= BUSY_SHARE:
             reasons.append(f"event-loop thread >= {BUSY_CPU_PCT:.0f}% CPU in "
                            f"{busy_share:.0%} of windows")  # fmt: skip
+        steal = _steal_pct(getattr(self, "_machine0", None), _machine_cpu())
         if lag_p99 >= LAG_P99_S:
-            reasons.append(f"event-loop lag p99 {lag_p99 * 1e3:.1f} ms")
+            why = ""
+            if busy_share < BUSY_SHARE and steal is not None and steal >= STEAL_PCT:
+                why = f" while the hypervisor took {steal:.0f}% of the machine's CPU time"
+            reasons.append(f"event-loop lag p99 {lag_p99 * 1e3:.1f} ms{why}")
         return {
             "loop_lag_p50_ms": float(np.percentile(lags, 50)) * 1e3,
             "loop_lag_p99_ms": lag_p99 * 1e3,
             "loop_lag_max_ms": float(lags.max()) * 1e3,
             "loop_cpu_pct_mean": float(cpu.mean()),
             "loop_cpu_pct_max": float(cpu.max()),
+            "host_steal_pct": steal,
             "client_bound": bool(reasons),
+            "busy": busy_share >= BUSY_SHARE,  # bound by its own work, not only delayed
             "reasons": reasons,
         }
+
+
+def _machine_cpu():
+    try:
+        import psutil
+
+        return psutil.cpu_times()
+    except Exception:  # no psutil or no /proc: steal is simply not reported
+        return None
+
+
+def _steal_pct(before, after) -> float | None:
+    """The share of the machine's CPU time the hypervisor gave to others in between."""
+    if before is None or after is None or not hasattr(after, "steal"):
+        return None
+    total = sum(after) - sum(before)
+    return 100.0 * (after.steal - before.steal) / total if total > 0 else None
 
 
 async def scrape_metrics(target: HttpTarget, append, period_s: float) -> None:

@@ -192,6 +192,32 @@ def test_loop_monitor_flags_a_blocked_client():
     assert health["client_bound"] and health["loop_lag_max_ms"] >= 300
     assert {r[0] for r in rows} == {"client_loop_lag_max_s", "client_loop_cpu_pct",
                                     "client_process_cpu_pct"}  # fmt: skip
+    assert health["busy"]  # its own work: the client was the bottleneck
+
+
+def test_a_loop_delayed_while_the_hypervisor_steals_names_the_steal(monkeypatch):
+    from collections import namedtuple
+
+    from perfdiag.probes import http_session
+
+    times = namedtuple("times", "user system idle steal")
+    readings = iter([times(0, 0, 0, 0), times(40, 10, 20, 30)])  # 30 % of the time stolen
+    monkeypatch.setattr(http_session, "_machine_cpu", lambda: next(readings))
+
+    async def main():
+        mon = LoopMonitor(lambda row: None, period_s=0.005, window_s=0.05)
+        task = asyncio.create_task(mon.run())
+        for _ in range(12):  # the loop is paused, not busy: a vCPU given to others
+            await asyncio.sleep(0.01)
+            time.sleep(0.03)
+            await asyncio.sleep(0.03)
+        task.cancel()
+        return mon.summary()
+
+    health = asyncio.run(main())
+    assert health["client_bound"] and not health["busy"]
+    assert health["host_steal_pct"] == pytest.approx(30.0)
+    assert "the hypervisor took 30%" in health["reasons"][-1]
 
 
 def test_scrape_metrics_into_counters():

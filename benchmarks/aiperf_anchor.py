@@ -1,0 +1,148 @@
+"""aiperf (NVIDIA's OpenAI-API load generator) as the anchor of perfdiag's client benchmarks.
+
+aiperf lives in its own environment (`make third-party` builds `.venv-third-party`): its
+dependencies are not perfdiag's. A run is one `aiperf profile` subprocess; its per-request
+records (`profile_export.jsonl`) are read back as a DataFrame in aiperf's own definitions:
+
+  start_ns / end_ns   request start / end (wall clock, ns: aiperf's `request_start_ns`)
+  ttft_s              time_to_first_token (request start → first content response)
+  e2e_s               request_latency (request start → last response)
+  itl_s               inter_token_latency: (e2e − ttft) / (output tokens − 1), per request
+  output_tokens       output_token_count (server-reported with --use-server-token-count)
+  ok                  no error recorded
+
+plus `summary` (aiperf's own aggregate JSON: request_throughput, output_token_throughput…).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BIN = ROOT / ".venv-third-party" / "bin" / "aiperf"
+
+
+def aiperf_bin() -> Path | None:
+    """The aiperf executable: $PERFDIAG_AIPERF, the project's third-party venv, or PATH."""
+    for candidate in (os.environ.get("PERFDIAG_AIPERF"), DEFAULT_BIN, shutil.which("aiperf")):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def aiperf_version(exe: Path) -> str:
+    python = exe.parent / "python"
+    code = "import importlib.metadata as m; print(m.version('aiperf'))"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+@dataclass(frozen=True)
+class AiperfLoad:
+    """One load: open loop at `rate` (constant arrivals) or closed loop at `concurrency`."""
+
+    requests: int
+    rate: float | None = None
+    concurrency: int | None = None
+
+
+@dataclass
+class AiperfRun:
+    records: pd.DataFrame
+    summary: dict
+    out_dir: Path
+
+
+def run_aiperf(
+    exe: Path,
+    url: str,
+    model: str,
+    load: AiperfLoad,
+    out_dir: Path,
+    *,
+    tokenizer: Path,
+    input_file: Path | None = None,
+    prompt_tokens: int = 16,
+    output_tokens: int = 8,
+    extra_inputs: dict | None = None,
+    server_token_count: bool = True,
+    endpoint_type: str = "completions",
+    timeout_s: float = 600,
+) -> AiperfRun:
+    """Run `aiperf profile` once; raise RuntimeError with its last lines if it fails."""
+    cmd = [str(exe), "profile", "--model", model, "--url", url,
+           "--endpoint-type", endpoint_type, "--streaming",
+           "--request-count", str(load.requests), "--tokenizer", str(tokenizer),
+           "--ui", "none", "--output-artifact-dir", str(out_dir),
+           "--random-seed", "7"]  # fmt: skip
+    if server_token_count:  # else the tokenizer counts the streamed text
+        cmd.append("--use-server-token-count")
+    if load.rate is not None:
+        cmd += ["--request-rate", f"{load.rate:g}", "--arrival-pattern", "constant"]
+    if load.concurrency is not None:
+        cmd += ["--concurrency", str(load.concurrency)]
+    if input_file is not None:
+        cmd += ["--input-file", str(input_file), "--custom-dataset-type", "single_turn",
+                "--dataset-sampling-strategy", "sequential"]  # fmt: skip
+    else:
+        cmd += ["--prompt-input-tokens-mean", str(prompt_tokens),
+                "--prompt-input-tokens-stddev", "0",
+                "--prompt-output-tokens-mean", str(output_tokens),
+                "--prompt-output-tokens-stddev", "0"]  # fmt: skip
+    if extra_inputs:
+        cmd += ["--extra-inputs", json.dumps(extra_inputs)]
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                          cwd=out_dir.parent)  # fmt: skip
+    records_file = out_dir / "profile_export.jsonl"
+    if done.returncode != 0 or not records_file.exists():
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"aiperf failed (exit {done.returncode}):\n{tail}")
+    summary_file = out_dir / "profile_export_aiperf.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    return AiperfRun(read_records(records_file), summary, out_dir)
+
+
+def read_records(path: Path) -> pd.DataFrame:
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        meta, metrics = rec.get("metadata", {}), rec.get("metrics", {})
+
+        def value(name, scale=1e-3, metrics=metrics):
+            m = metrics.get(name)
+            return None if m is None or m.get("value") is None else m["value"] * scale
+
+        rows.append({
+            "start_ns": meta.get("request_start_ns"),
+            "credit_ns": meta.get("credit_issued_ns"),
+            "end_ns": meta.get("request_end_ns"),
+            "ttft_s": value("time_to_first_token"),
+            "e2e_s": value("request_latency"),
+            "itl_s": value("inter_token_latency"),
+            "output_tokens": value("output_token_count", 1),
+            "ok": not rec.get("error") and not meta.get("was_cancelled", False),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def summary_metric(summary: dict, name: str, stat: str = "avg") -> float | None:
+    """A figure from aiperf's own aggregate (e.g. request_throughput, avg)."""
+    entry = summary.get(name)
+    if isinstance(entry, dict):
+        v = entry.get(stat)
+        return None if v is None else float(v)
+    records = summary.get("records")
+    if isinstance(records, dict) and isinstance(records.get(name), dict):
+        v = records[name].get(stat)
+        return None if v is None else float(v)
+    return None
