@@ -6,7 +6,8 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup run test fuzz llama-cpp lint format bench diagnosis-fast html-check clean
+.PHONY: setup run test fuzz llama-cpp third-party test-third-party lint format bench diagnosis-fast \
+	html-check clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +24,33 @@ $(VENV)/.installed: pyproject.toml Makefile
 # benchmarks/cpu_decode.py and of the tokenizer test that compares with llama.cpp.
 llama-cpp: setup
 	$(BIN)/python -m pip install --quiet "llama-cpp-python>=0.3.7"
+
+# Servers and load generators no one here wrote (docs/serving.md), in an environment of
+# their own (their pins are not perfdiag's): aiperf, and llama-cpp-python's OpenAI server.
+# llama.cpp compiles from source (~15 minutes on 2 cores) once: the wheel is cached in
+# $(WHEEL_CACHE) and reused by later set-ups on the machine.
+THIRD_PARTY ?= .venv-third-party
+WHEEL_CACHE ?= $(HOME)/.cache/perfdiag/wheels
+LLAMA_CPP_PYTHON ?= 0.3.36
+AIPERF ?= 0.13.0
+third-party: $(THIRD_PARTY)/.installed
+
+$(THIRD_PARTY)/.installed: Makefile
+	$(PYTHON) -m venv $(THIRD_PARTY)
+	$(THIRD_PARTY)/bin/python -m pip install --quiet --upgrade pip
+	mkdir -p $(WHEEL_CACHE)
+	ls $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl >/dev/null 2>&1 || \
+		$(THIRD_PARTY)/bin/python -m pip wheel --quiet --no-deps -w $(WHEEL_CACHE) \
+		"llama-cpp-python==$(LLAMA_CPP_PYTHON)"
+	$(THIRD_PARTY)/bin/python -m pip install --quiet --find-links $(WHEEL_CACHE) \
+		"llama-cpp-python[server]==$(LLAMA_CPP_PYTHON)" "aiperf==$(AIPERF)"
+	touch $@
+
+# Opt-in (not in `make test` or CI: the llama.cpp build alone takes ~15 minutes): perfdiag
+# against llama.cpp's server with the real model, and beside aiperf on it.
+test-third-party: setup third-party
+	PERFDIAG_THIRD_PARTY=$(THIRD_PARTY) $(BIN)/python -m pytest -p no:cacheprovider \
+		-m third_party tests/test_third_party.py
 
 run: setup
 	$(BIN)/perfdiag run
@@ -65,7 +93,7 @@ bench: setup
 	$(BIN)/python benchmarks/probe_overhead.py
 	$(BIN)/python benchmarks/kineto_import.py
 	$(BIN)/python benchmarks/serving_analyzers.py
-	$(BIN)/python benchmarks/http_client.py
+	$(BIN)/python benchmarks/http_client.py --no-aiperf
 	$(BIN)/python benchmarks/export.py
 	$(BIN)/python -m benchmarks.diagnosis
 
@@ -73,4 +101,4 @@ diagnosis-fast: setup
 	$(BIN)/python -m benchmarks.diagnosis --fast
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(THIRD_PARTY) build *.egg-info .pytest_cache .ruff_cache
