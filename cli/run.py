@@ -474,7 +474,8 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
         from ..probes.http_session import record_http_run
 
         record_run, where = functools.partial(record_http_run, http=http), http.url
-    out.print(f"perfdiag run: {where}, workload {w.name} "
+    label = f"replay of {w.replay}" if w.replay else f"workload {w.name}"
+    out.print(f"perfdiag run: {where}, {label} "
               f"({w.requests} requests), into {out_dir}", highlight=False)  # fmt: skip
     live = None if quiet else Live(console=out, refresh_per_second=4, transient=True)
 

@@ -98,6 +98,15 @@ def test_like_repeats_a_run_with_one_override(cli, tmp_path):
     assert (digests[0] == digests[1]).all()  # same workload, greedy: same outputs
 
 
+def test_a_replay_run_names_its_file(cli, tmp_path):
+    replay = tmp_path / "requests.jsonl"
+    replay.write_text('{"prompt_tokens": 8, "max_tokens": 3}\n' * 2)
+    result = cli("run", *TINY, "--replay", replay, "-n", "2", "--out", tmp_path / "r")
+    assert result.returncode == 0, result.stderr
+    flat = "".join(result.stdout.split())  # rich may wrap the line anywhere, even mid-path
+    assert f"replayof{replay}" in flat  # not the default workload's name
+
+
 def test_like_refuses_a_run_not_made_by_perfdiag_run(cli, sample_run, tmp_path):
     path, _ = sample_run
     _one_line_error(cli("run", "--like", path, "--out", tmp_path / "x"), "not a run recorded")
