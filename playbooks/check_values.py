@@ -37,6 +37,7 @@ FACT_MEASURES: dict[str, Measure] = {
     "back_pressure": Measure("requests held back by the client's cap", "%"),
     "wait_growth": Measure("TTFT growth per second of load", "s/s"),
     "client_behind_schedule": Measure("issued rate below the client's plan", "%"),
+    "serial_server": Measure("TTFT spent behind other requests' streams", "%"),
     "sent_below_plan": Measure("sent rate below the client's plan", "%"),
     "burst_queueing": Measure("TTFT queued because of bursts", "%"),
     "schedule_vs_target": Measure("drawn schedule's rate off the target", "%"),

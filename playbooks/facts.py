@@ -95,6 +95,7 @@ def load_registry() -> dict[str, FactSpec]:
         facts_replicas,
         facts_resources,
         facts_scheduling,
+        facts_server,
     )
 
     return FACTS
