@@ -20,6 +20,9 @@ from .facts import Fact, TriageContext, Unavailable, ev, fact, ms
 # slack covers client-side clock jitter at a stream's end).
 SERIAL_OVERLAP = 0.05
 MIN_REQUESTS, MIN_OVERLAP_SHARE = 8, 0.1
+# Streams must fill this share of the requests' time in flight for their overlap to be
+# telling: a batching server's streams of one or two tokens against a long TTFT seldom meet.
+MIN_STREAMING_SHARE = 0.25
 
 
 def _time_with_two(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -53,6 +56,10 @@ def serial_server(ctx: TriageContext) -> Fact | Unavailable:
     in_flight_two = _time_with_two(sent, done)
     if span <= 0 or in_flight_two < MIN_OVERLAP_SHARE * span:
         return Unavailable("requests were rarely two in flight: nothing shows how it batches")
+    streaming = float(np.sum(done - first) / np.sum(done - sent))
+    if streaming < MIN_STREAMING_SHARE:  # a batching server's short streams rarely meet
+        return Unavailable(f"streams are {streaming:.0%} of the time in flight: too short "
+                           "against TTFT to show whether they overlap")  # fmt: skip
     overlap = _time_with_two(first, done) / in_flight_two
     # Per request: the part of its TTFT during which another request was streaming.
     queued = np.array([
