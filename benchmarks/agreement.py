@@ -49,7 +49,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import psutil
 
@@ -59,6 +58,7 @@ from aiperf_anchor import AiperfLoad, aiperf_bin, aiperf_version, run_aiperf
 from perfdiag import load_run
 from perfdiag.engine_ref.gguf_loader import preset_file
 from perfdiag.engine_ref.gguf_tokenizer import GGUFTokenizer
+from perfdiag.probes.http_session import steal_pct
 from perfdiag.probes.prompt_sets import prompt_set
 from perfdiag.traces.environment import cpu_model, package_version
 
@@ -139,6 +139,7 @@ def write_prompts(n: int, tmp: Path) -> tuple[Path, Path]:
     texts = [tok.apply_chat_template([{"role": "user", "content": t}])
              for t in prompt_set("mixed")]  # fmt: skip
     rows = [texts[i % len(texts)] for i in range(n)]
+    tmp.mkdir(parents=True, exist_ok=True)
     ours, theirs = tmp / "prompts.perfdiag.jsonl", tmp / "prompts.aiperf.jsonl"
     ours.write_text("".join(json.dumps({"prompt": t, "max_tokens": OUTPUT_TOKENS}) + "\n"
                             for t in rows))  # fmt: skip
@@ -325,7 +326,7 @@ def main() -> None:
                             )
                         notes.append(note)
                     views = {"perfdiag": views["perfdiag"], "aiperf": views["aiperf"]}
-                    steal = _steal(steal0, psutil.cpu_times())
+                    steal = steal_pct(steal0, psutil.cpu_times()) or 0.0
                     print_rows(server, load_name, views)
                     print(
                         f"{'':25} host steal {steal:.0f}%; perfdiag client-bound: "
@@ -342,17 +343,10 @@ def main() -> None:
 def capacity(url: str, tmp: Path) -> float:
     """Requests/s the server completes at concurrency 2 (a short perfdiag closed loop)."""
     out = tmp / f"capacity-{time.monotonic_ns()}"
-    (out.parent / f"{out.name}-prompts").mkdir()
-    prompts, _ = write_prompts(6, out.parent / f"{out.name}-prompts")
+    prompts, _ = write_prompts(6, out.with_name(out.name + "-prompts"))
     v = perfdiag_view(url, {"requests": 6, "concurrency": 2}, prompts, out)
     return v["req_per_s"]
 
 
-def _steal(before, after) -> float:
-    total = sum(after) - sum(before)
-    return 100.0 * (getattr(after, "steal", 0) - getattr(before, "steal", 0)) / max(total, 1e-9)
-
-
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     main()

@@ -10,8 +10,6 @@ records (`profile_export.jsonl`) are read back as a DataFrame in aiperf's own de
   itl_s               inter_token_latency: (e2e − ttft) / (output tokens − 1), per request
   output_tokens       output_token_count (server-reported with --use-server-token-count)
   ok                  no error recorded
-
-plus `summary` (aiperf's own aggregate JSON: request_throughput, output_token_throughput…).
 """
 
 from __future__ import annotations
@@ -56,7 +54,6 @@ class AiperfLoad:
 @dataclass
 class AiperfRun:
     records: pd.DataFrame
-    summary: dict
     out_dir: Path
 
 
@@ -112,9 +109,7 @@ def run_aiperf(
     else:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise RuntimeError(f"aiperf failed (exit {done.returncode}):\n{tail}")
-    summary_file = out_dir / "profile_export_aiperf.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    return AiperfRun(read_records(records_file), summary, out_dir)
+    return AiperfRun(read_records(records_file), out_dir)
 
 
 def read_records(path: Path) -> pd.DataFrame:
@@ -131,7 +126,6 @@ def read_records(path: Path) -> pd.DataFrame:
 
         rows.append({
             "start_ns": meta.get("request_start_ns"),
-            "credit_ns": meta.get("credit_issued_ns"),
             "end_ns": meta.get("request_end_ns"),
             "ttft_s": value("time_to_first_token"),
             "e2e_s": value("request_latency"),
@@ -140,16 +134,3 @@ def read_records(path: Path) -> pd.DataFrame:
             "ok": not rec.get("error") and not meta.get("was_cancelled", False),
         })  # fmt: skip
     return pd.DataFrame(rows)
-
-
-def summary_metric(summary: dict, name: str, stat: str = "avg") -> float | None:
-    """A figure from aiperf's own aggregate (e.g. request_throughput, avg)."""
-    entry = summary.get(name)
-    if isinstance(entry, dict):
-        v = entry.get(stat)
-        return None if v is None else float(v)
-    records = summary.get("records")
-    if isinstance(records, dict) and isinstance(records.get(name), dict):
-        v = records[name].get(stat)
-        return None if v is None else float(v)
-    return None

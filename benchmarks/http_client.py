@@ -47,7 +47,7 @@ from perfdiag import load_run
 from perfdiag.analyzers.load_accuracy import ScheduleAccuracy, schedule_accuracy
 from perfdiag.engine_ref.gguf_loader import preset_file
 from perfdiag.engine_ref.gguf_tokenizer import GGUFTokenizer
-from perfdiag.probes.http_session import HttpOptions, record_http_run
+from perfdiag.probes.http_session import HttpOptions, record_http_run, steal_pct
 from perfdiag.probes.run_options import ProbeOptions, RunOptions
 from perfdiag.probes.workload import ArrivalSpec, LengthSpec, WorkloadSpec
 from perfdiag.traces.environment import cpu_model, package_version
@@ -60,13 +60,6 @@ def machine() -> str:
     load = os.getloadavg()[0]
     return (f"{cpu_model()}, {os.cpu_count()} cores, load average {load:.2f}, Python "
             f"{platform.python_version()}, aiohttp {package_version('aiohttp')}")  # fmt: skip
-
-
-def steal_pct(before, after) -> float | None:
-    total = sum(after) - sum(before)
-    if not hasattr(after, "steal") or total <= 0:
-        return None
-    return 100.0 * (after.steal - before.steal) / total
 
 
 def take_arrivals(url: str) -> list[int]:

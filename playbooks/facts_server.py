@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analyzers.intervals import union
 from .facts import Fact, TriageContext, Unavailable, ev, fact, ms
 
 # Streams overlapping in less than this share of the time ≥ 2 requests were in flight: the
@@ -61,11 +62,10 @@ def serial_server(ctx: TriageContext) -> Fact | Unavailable:
         return Unavailable(f"streams are {streaming:.0%} of the time in flight: too short "
                            "against TTFT to show whether they overlap")  # fmt: skip
     overlap = _time_with_two(first, done) / in_flight_two
-    # Per request: the part of its TTFT during which another request was streaming.
-    queued = np.array([
-        np.sum(np.clip(np.minimum(f, done) - np.maximum(s, first), 0, None))
-        for s, f in zip(sent, first, strict=True)
-    ])  # fmt: skip
+    # Per request: the part of its TTFT during which another request was streaming (its
+    # own stream begins where its TTFT ends, so the union of all streams serves).
+    streams = union(np.round(first * 1e9), np.round(done * 1e9)).coverage()
+    queued = streams.between(np.round(sent * 1e9), np.round(first * 1e9)) / 1e9
     ttft = first - sent
     value = float(queued.sum() / ttft.sum()) if overlap < SERIAL_OVERLAP else 0.0
     busy = float(np.sum(done - sent) / span)

@@ -133,7 +133,7 @@ class LoopMonitor:
         if busy_share >= BUSY_SHARE:
             reasons.append(f"event-loop thread >= {BUSY_CPU_PCT:.0f}% CPU in "
                            f"{busy_share:.0%} of windows")  # fmt: skip
-        steal = _steal_pct(getattr(self, "_machine0", None), _machine_cpu())
+        steal = steal_pct(getattr(self, "_machine0", None), _machine_cpu())
         if lag_p99 >= LAG_P99_S:
             why = ""
             if busy_share < BUSY_SHARE and steal is not None and steal >= STEAL_PCT:
@@ -161,7 +161,7 @@ def _machine_cpu():
         return None
 
 
-def _steal_pct(before, after) -> float | None:
+def steal_pct(before, after) -> float | None:
     """The share of the machine's CPU time the hypervisor gave to others in between."""
     if before is None or after is None or not hasattr(after, "steal"):
         return None
