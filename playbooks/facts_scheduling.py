@@ -4,6 +4,7 @@ than they need. Priced by the run's step cost model (analyzers/step_cost.py)."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from ..analyzers.actions import Action, Setting, run_action
 from ..analyzers.findings import IdList
@@ -40,12 +41,15 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     pr = t.per_request
     e = ctx.run.request_events
     chunks = e[(e["kind"] == "prefill_chunk").to_numpy() & (e["side"] == "engine").to_numpy()]
+    ids = pr["request_id"].astype(str)
     n = chunks.groupby("request_id", observed=True).size()
-    steps = n.reindex(pr["request_id"].astype(str)).fillna(1).to_numpy(np.float64)
-    steps = np.maximum(steps, 1.0)
-    # Beyond the first step: its fixed cost in every further step, every further chunk's.
+    steps = np.maximum(n.reindex(ids).fillna(1).to_numpy(np.float64), 1.0)
+    # Beyond the first step: its fixed cost in every further step, every further chunk's,
+    # and the context every further chunk reads again.
     extra = pr["extra_chunks_s"].to_numpy()
+    reread = _reread_context(chunks, ctx.run.requests).reindex(ids).fillna(0).to_numpy()
     avoidable = (pr["step_overhead_s"].to_numpy() - extra) * (steps - 1) / steps + extra
+    avoidable = avoidable + cost.per_context_token_s * reread
     frame = pr.assign(avoidable_overhead_s=avoidable)
     value = share(float(avoidable.mean()), t.mean.ttft_s) if len(pr) else 0.0
     impact = ttft_impact(ctx, frame, "avoidable_overhead_s")
@@ -67,6 +71,22 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     ids = (IdList("request", "most steps per prompt", tuple(most)),)
     value = value if np.isfinite(value) else 0.0
     return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity, action=action)
+
+
+def _reread_context(chunks, requests) -> pd.Series:
+    """Per request, the context tokens its chunks read beyond what one chunk would: a
+    chunk attends to every token before its end, so a prompt cut into chunks ending at
+    e1 < e2 < … < en reads e1 + … + en where one chunk reads en. The step cost model's
+    context price (when it keeps one) makes that a cost of the slicing."""
+    if chunks.empty:
+        return pd.Series(dtype=np.float64)
+    cached = requests.set_index(requests["request_id"].astype(str))["cached_tokens"]
+    c = chunks.assign(request_id=chunks["request_id"].astype(str)).sort_values("ts_ns")
+    start = cached.reindex(c["request_id"]).fillna(0).to_numpy(np.float64)
+    ends = c.groupby("request_id")["num_tokens"].cumsum().to_numpy(np.float64) + start
+    per = pd.DataFrame({"request_id": c["request_id"].to_numpy(), "end": ends})
+    g = per.groupby("request_id")["end"]
+    return g.sum() - g.max()
 
 
 def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:

@@ -5,7 +5,9 @@ with checks. A check names a registered fact (facts.py) with its parameters, one
 condition (`at_least`, `above`, `at_most`, `below` with a number or a severity ladder;
 `equals` or `in` with a `severity`), and the words: a title and an explanation (plain
 text with `{name}` fields from the fact's evidence), what to try next, the figures to
-show, and `consequence_of`: checks that, when they fire, explain this one. Scenario
+show, and `consequence_of`: checks that, when they fire, explain this one (a root marked
+`slows_everything` explains a check marked `time_share` only as far as its own share
+covers that check's excess over its threshold). Scenario
 playbooks name a symptom (a fact and a condition) and the route of checks that explain
 it. Everything is checked when a file loads; any problem is a PlaybookError naming the
 file, the place in it and what is wrong. See docs/triage.md.
@@ -42,6 +44,8 @@ _CHECK_KEYS = {
     "next",
     "figures",
     "consequence_of",
+    "time_share",
+    "slows_everything",
     "evidence",
     *OPS,
 }
@@ -96,6 +100,15 @@ class Check:
     figures: tuple[str, ...]
     consequence_of: tuple[str, ...]
     evidence: tuple[str, ...] | None  # evidence names to show (None: all)
+    time_share: bool = False  # the value is a share of time (of TTFT, ITL, step time)
+    slows_everything: bool = False  # the value is a share of time lost by all work alike
+
+    @property
+    def threshold(self) -> float | None:
+        """The mildest warning-or-worse threshold of a numeric ladder (None otherwise)."""
+        if self.condition.op not in NUMERIC_OPS:
+            return None
+        return next((t for s, t in self.condition.levels if s != "info"), None)
 
 
 @dataclass(frozen=True)
@@ -273,7 +286,16 @@ def _check(w: _Where, data, where: str) -> Check:
         figures,
         w.texts(data, "consequence_of", where),
         evidence,
+        _flag(w, data, "time_share", where),
+        _flag(w, data, "slows_everything", where),
     )
+
+
+def _flag(w: _Where, data: dict, key: str, where: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        w.fail(where, f"`{key}` must be true or false")
+    return value
 
 
 def load_playbook(path: str | Path | None = None) -> Playbook:

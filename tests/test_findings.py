@@ -101,6 +101,48 @@ def test_a_consequence_whose_root_did_not_fire_is_a_root(chain_book):
     assert ranked[0].consequence_of is None
 
 
+def _share_check(cid, extra=None):
+    ladder = {"at_least": {"warning": 0.25, "critical": 0.4}, "time_share": True}
+    if cid == "lost":
+        ladder = {**ladder, "slows_everything": True}
+    c = _check(cid, "ttft_part_share", {**ladder, **(extra or {})})
+    c["params"] = {"part": "input_s"}
+    del c["in"], c["severity"]
+    return c
+
+
+def _f_value(check, step, severity, value):
+    return Finding(check, step, "", severity, check, "", (), (), (), (), value, value)
+
+
+def test_a_time_lost_explains_a_share_of_time_only_as_far_as_it_goes(tmp_path):
+    """A root that slows everything alike explains a share of time only when that share,
+    less the root's, would fall below its threshold; a queue (not a share) is explained
+    whatever the root's size."""
+    queue = {**_check("q", "ttft_part_share", {"consequence_of": ["lost"]}),
+             "params": {"part": "queue_s"}, "at_least": 0.3}  # fmt: skip
+    del queue["in"]
+    data = {"playbook": "t", "title": "t", "steps": [
+        {"step": 2, "title": "two", "explanation": "e", "checks": [_share_check("lost")]},
+        {"step": 3, "title": "three", "explanation": "e", "checks": [
+            _share_check("slow", {"consequence_of": ["lost"]}), queue]},
+    ]}  # fmt: skip
+    path = tmp_path / "shares.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    book = load_playbook(path)
+
+    def ranked(lost, slow):
+        found = [_f_value("lost", 2, "warning", lost), _f_value("slow", 3, "critical", slow),
+                 _f_value("q", 3, "warning", 0.9)]  # fmt: skip
+        return {f.check: f for f in _rank(found, book)}
+
+    small = ranked(lost=0.11, slow=0.6)  # 0.6 - 0.11 is still above 0.25: its own cause
+    assert small["slow"].consequence_of is None and small["slow"].rank == 1
+    assert small["q"].consequence_of == "lost"
+    large = ranked(lost=0.45, slow=0.6)  # without the lost time, 0.15: below 0.25
+    assert large["slow"].consequence_of == "lost" and large["lost"].rank == 1
+
+
 def test_evidence_reads_as_people_write_it():
     assert Evidence("x", "x", 0.423, "%").text() == "42%"
     assert Evidence("x", "x", 0.05, "%").text() == "5.0%"

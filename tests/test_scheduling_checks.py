@@ -31,7 +31,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("chunks")
     return {
         "small-chunk": triage(root / "a", chunk_size=24),
-        "small-budget": triage(root / "b", chunk_size=512, max_batched_tokens=40),
+        "small-budget": triage(root / "b", chunk_size=512, max_batched_tokens=26),
         "control": triage(root / "c", chunk_size=512),
     }
 
@@ -47,8 +47,8 @@ def test_a_tiny_chunk_is_named_with_a_larger_one(runs):
 def test_a_tiny_budget_is_named_as_the_budget(runs):
     f = runs["small-budget"].by_check("chunk-too-small")
     assert f is not None and f.severity in ("warning", "critical")
-    budget = re.search(r"--max-batched-tokens (\d+) \(now 40", f.recommendations[0])
-    assert budget and int(budget.group(1)) > 40
+    budget = re.search(r"--max-batched-tokens (\d+) \(now 26", f.recommendations[0])
+    assert budget and int(budget.group(1)) > 26
 
 
 def test_the_same_prompts_in_one_chunk_raise_nothing(runs):
