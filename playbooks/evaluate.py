@@ -4,8 +4,8 @@ Ranking says what to fix first:
 1. qualifiers: the gate's findings (data-trust problems) and step 1's (the run cannot be
    reproduced, or its repeats are noisy) — they qualify everything after them;
 2. root causes: warnings and critical findings that no other fired finding explains,
-   most severe first, then by impact (the share of the problem they explain), then in
-   triage order;
+   most severe first (a root counts as severe as the worst finding it explains), then
+   by impact (the share of the problem they explain), then in triage order;
 3. consequences: findings explained by a fired root (`consequence_of` in the playbook),
    kept with the root they follow from — a queue that grows because the KV pool thrashes
    is real, but the pool is what to fix;
@@ -112,10 +112,14 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
     order = {c.id: i for i, c in enumerate(c for s in playbook.steps for c in s.checks)}
 
     def cause_of(check: str) -> str | None:
+        # Of the fired roots that can explain it, the most severe, then the largest: a
+        # queue behind slow input (critical) and a small neighbour (warning) is the input's.
         c = playbook.check(check)
-        return next((r for r in c.consequence_of if r in fired and _covers(r, c)), None)
+        roots = [r for r in c.consequence_of if r in fired and covers(r, c)]
+        strength = {r: (severity_rank(fired[r].severity), round(fired[r].impact, 3)) for r in roots}
+        return max(roots, key=lambda r: strength[r], default=None)
 
-    def _covers(root: str, c) -> bool:
+    def covers(root: str, c) -> bool:
         # A loss that slows all work alike inflates a share of time by at most its own
         # share: 11 % of step time lost to a neighbour does not explain 60 % of TTFT in
         # input processing. Queues are not shares: near saturation a small loss of
@@ -128,7 +132,7 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         return not excess >= c.threshold
 
     def root_of(check: str) -> str | None:
-        # The first fired check it follows from, followed to the end of the chain (the
+        # The fired check it follows from (cause_of), followed to the end of the chain (the
         # playbook has no cycles): a queue that follows saturation that follows a
         # preemption storm is the storm's.
         root = cause_of(check)
@@ -144,6 +148,13 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         for f in findings
     ]
 
+    # A root ranks as severe as the worst finding it explains: a collective wait behind
+    # a critical communication share is the critical problem to fix.
+    worst = {f.check: f.severity for f in resolved if f.severity != "info"}
+    for f in resolved:
+        if f.consequence_of is not None:
+            worst[f.consequence_of] = max(worst[f.consequence_of], f.severity, key=severity_rank)
+
     def in_part(f: Finding) -> bool:
         # A root that a fired root explains in part (a neighbour took some of its time)
         # follows that root among findings as severe: fixing the root shrinks it.
@@ -156,7 +167,8 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
             group = 0
         else:
             group = 2 if f.consequence_of else 1
-        return (group, -severity_rank(f.severity), in_part(f), -round(f.impact, 3), f.step,
+        severity = worst.get(f.check, f.severity) if group == 1 else f.severity
+        return (group, -severity_rank(severity), in_part(f), -round(f.impact, 3), f.step,
                 order[f.check])  # fmt: skip
 
     ranked = sorted(resolved, key=key)

@@ -88,7 +88,8 @@ def test_ranking_puts_qualifiers_then_root_causes_then_consequences(chain_book):
         _f("g", 0, "info", 0.0),
     ]
     ranked = _rank(findings, chain_book)
-    assert [f.check for f in ranked] == ["r", "d", "a", "c", "b", "g"]
+    # a explains two critical findings: it ranks as critical, before the warning d
+    assert [f.check for f in ranked] == ["r", "a", "d", "c", "b", "g"]
     assert [f.rank for f in ranked] == [1, 2, 3, 4, 5, 6]
     by = {f.check: f for f in ranked}
     assert by["c"].consequence_of == "a" and by["b"].consequence_of == "a"
@@ -141,6 +142,29 @@ def test_a_time_lost_explains_a_share_of_time_only_as_far_as_it_goes(tmp_path):
     assert small["q"].consequence_of == "lost"
     large = ranked(lost=0.45, slow=0.6)  # without the lost time, 0.15: below 0.25
     assert large["slow"].consequence_of == "lost" and large["lost"].rank == 1
+
+
+def test_the_root_of_a_critical_finding_is_named_before_a_larger_warning():
+    """CI's tp-slow-rank run: a small neighbour (warning) beside a collective wait
+    (warning) that explains a critical communication share — the wait is what to fix."""
+    book = load_playbook()
+    found = [_f("host-contention", 4, "warning", 0.3), _f("collective-wait", 4, "warning", 0.1),
+             _f("comm-share", 4, "critical", 0.6)]  # fmt: skip
+    ranked = _rank(found, book)
+    assert [f.check for f in ranked][:2] == ["collective-wait", "host-contention"]
+    assert ranked[2].consequence_of == "collective-wait"
+
+
+def test_a_queue_follows_the_largest_of_the_roots_that_explain_it():
+    """A queue behind slow input (critical) and a small neighbour (warning) is the
+    input's: the neighbour, first in the playbook's list, does not take it."""
+    book = load_playbook()
+    found = [_f_value("host-contention", 4, "warning", 0.12),
+             _f_value("slow-input", 3, "critical", 0.5),
+             _f_value("over-capacity", 2, "critical", 0.4)]  # fmt: skip
+    by = {f.check: f for f in _rank(found, book)}
+    assert by["over-capacity"].consequence_of == "slow-input"
+    assert by["slow-input"].rank == 1 and by["host-contention"].rank == 2
 
 
 def test_evidence_reads_as_people_write_it():
