@@ -110,6 +110,18 @@ class Finding:
     consequence_of: str | None = None  # a fired check this one follows from
     rank: int = 0  # 1 = the top finding
     action: Action | None = None  # the first recommendation as a change a re-run can apply
+    # a fired root that explains part of it, not all (a neighbour's share of the time)
+    in_part_from: str | None = None
+
+    @property
+    def cause(self) -> tuple[str, str] | None:
+        """("follows from", check) or ("in part from", check): what the terminal and the
+        reports print beside the check; None for a finding of its own."""
+        if self.consequence_of:
+            return "follows from", self.consequence_of
+        if self.in_part_from:
+            return "in part from", self.in_part_from
+        return None
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def print_triage(
 
 
 def _finding(f, details: bool) -> None:
-    follows = f" [dim](follows from {f.consequence_of})[/]" if f.consequence_of else ""
+    follows = f" [dim]({' '.join(f.cause)})[/]" if f.cause else ""
     out.print(
         f"[bold]{f.rank:>2}[/] {severity(f.severity)} [dim]step {f.step} · {f.check}[/]"
         f"{follows}\n   {escape(f.title)}",

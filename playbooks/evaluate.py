@@ -155,10 +155,14 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         if f.consequence_of is not None:
             worst[f.consequence_of] = max(worst[f.consequence_of], f.severity, key=severity_rank)
 
-    def in_part(f: Finding) -> bool:
+    def in_part(f: Finding) -> str | None:
         # A root that a fired root explains in part (a neighbour took some of its time)
         # follows that root among findings as severe: fixing the root shrinks it.
-        return any(r in fired for r in playbook.check(f.check).consequence_of)
+        if f.severity == "info" or f.consequence_of:
+            return None
+        return next((r for r in playbook.check(f.check).consequence_of if r in fired), None)
+
+    resolved = [_replace(f, in_part_from=in_part(f)) for f in resolved]
 
     def key(f: Finding):
         if f.severity == "info":
@@ -168,7 +172,8 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         else:
             group = 2 if f.consequence_of else 1
         severity = worst.get(f.check, f.severity) if group == 1 else f.severity
-        return (group, -severity_rank(severity), in_part(f), -round(f.impact, 3), f.step,
+        partly = f.in_part_from is not None
+        return (group, -severity_rank(severity), partly, -round(f.impact, 3), f.step,
                 order[f.check])  # fmt: skip
 
     ranked = sorted(resolved, key=key)

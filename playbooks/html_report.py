@@ -165,7 +165,7 @@ def _status(st: StepView) -> str:
 def _finding(f: Finding, figures: dict[str, str]):
     yield f'<div class="finding {f.severity}" id="finding-{_e(f.check)}">'
     yield (f'<h3>{f.rank}. <span class="sev {f.severity}">{f.severity}</span> {_e(f.title)}</h3>')
-    follows = f" — follows from <code>{_e(f.consequence_of)}</code>" if f.consequence_of else ""
+    follows = f" — {f.cause[0]} <code>{_e(f.cause[1])}</code>" if f.cause else ""
     yield (
         f'<p class="meta">Step {f.step} ({_e(f.step_title)}) · check '
         f"<code>{_e(f.check)}</code>{follows}</p>"

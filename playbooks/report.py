@@ -103,7 +103,7 @@ def render(triage: Triage, ctx, figures: dict[str, str]) -> str:
 
 
 def _finding(f: Finding, figures: dict[str, str]) -> list[str]:
-    follows = f" — follows from `{f.consequence_of}`" if f.consequence_of else ""
+    follows = f" — {f.cause[0]} `{f.cause[1]}`" if f.cause else ""
     lines = [
         "",
         f"### {f.rank}. [{f.severity}] {f.title}",

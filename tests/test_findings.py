@@ -139,9 +139,11 @@ def test_a_time_lost_explains_a_share_of_time_only_as_far_as_it_goes(tmp_path):
 
     small = ranked(lost=0.11, slow=0.6)  # 0.6 - 0.11 is still above 0.25: its own cause
     assert small["slow"].consequence_of is None and small["slow"].rank == 1
+    assert small["slow"].cause == ("in part from", "lost")
     assert small["q"].consequence_of == "lost"
     large = ranked(lost=0.45, slow=0.6)  # without the lost time, 0.15: below 0.25
     assert large["slow"].consequence_of == "lost" and large["lost"].rank == 1
+    assert large["slow"].cause == ("follows from", "lost") and large["lost"].cause is None
 
 
 def test_the_root_of_a_critical_finding_is_named_before_a_larger_warning():

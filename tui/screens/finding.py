@@ -45,8 +45,8 @@ class FindingScreen(RunScreen):
         t = Text()
         t.append(f"{severity_label(f.severity)} ", style=SEVERITY_STYLE[f.severity])
         t.append(f"step {f.step} · {f.check} · rank {f.rank}", style="dim")
-        if f.consequence_of:
-            t.append(f" · follows from {f.consequence_of}", style="dim")
+        if f.cause:
+            t.append(f" · {' '.join(f.cause)}", style="dim")
         t.append(f"\n{f.title}\n", style="bold")
         t.append(f.explanation)
         return t
