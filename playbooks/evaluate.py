@@ -111,13 +111,16 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
     fired = {f.check: f for f in findings if f.severity != "info"}
     order = {c.id: i for i, c in enumerate(c for s in playbook.steps for c in s.checks)}
 
+    def strongest(roots) -> str | None:
+        # The most severe, then the largest: a queue behind slow input (critical) and a
+        # small neighbour (warning) is the input's.
+        return max(roots, key=lambda r: (severity_rank(fired[r].severity),
+                                         round(fired[r].impact, 3)), default=None)  # fmt: skip
+
     def cause_of(check: str) -> str | None:
-        # Of the fired roots that can explain it, the most severe, then the largest: a
-        # queue behind slow input (critical) and a small neighbour (warning) is the input's.
+        # Of the fired roots that can explain it all, the strongest.
         c = playbook.check(check)
-        roots = [r for r in c.consequence_of if r in fired and covers(r, c)]
-        strength = {r: (severity_rank(fired[r].severity), round(fired[r].impact, 3)) for r in roots}
-        return max(roots, key=lambda r: strength[r], default=None)
+        return strongest(r for r in c.consequence_of if r in fired and covers(r, c))
 
     def covers(root: str, c) -> bool:
         # A loss that slows all work alike inflates a share of time by at most its own
@@ -160,7 +163,7 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         # follows that root among findings as severe: fixing the root shrinks it.
         if f.severity == "info" or f.consequence_of:
             return None
-        return next((r for r in playbook.check(f.check).consequence_of if r in fired), None)
+        return strongest(r for r in playbook.check(f.check).consequence_of if r in fired)
 
     resolved = [_replace(f, in_part_from=in_part(f)) for f in resolved]
 

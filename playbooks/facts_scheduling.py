@@ -41,13 +41,13 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     pr = t.per_request
     e = ctx.run.request_events
     chunks = e[(e["kind"] == "prefill_chunk").to_numpy() & (e["side"] == "engine").to_numpy()]
-    ids = pr["request_id"].astype(str)
+    request_ids = pr["request_id"].astype(str)
     n = chunks.groupby("request_id", observed=True).size()
-    steps = np.maximum(n.reindex(ids).fillna(1).to_numpy(np.float64), 1.0)
+    steps = np.maximum(n.reindex(request_ids).fillna(1).to_numpy(np.float64), 1.0)
     # Beyond the first step: its fixed cost in every further step, every further chunk's,
     # and the context every further chunk reads again.
     extra = pr["extra_chunks_s"].to_numpy()
-    reread = _reread_context(chunks, ctx.run.requests).reindex(ids).fillna(0).to_numpy()
+    reread = _reread_context(chunks, ctx.run.requests).reindex(request_ids).fillna(0).to_numpy()
     avoidable = (pr["step_overhead_s"].to_numpy() - extra) * (steps - 1) / steps + extra
     avoidable = avoidable + cost.per_context_token_s * reread
     frame = pr.assign(avoidable_overhead_s=avoidable)
