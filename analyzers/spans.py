@@ -42,13 +42,15 @@ NONE = len(CLASSES)  # the code of spans that occupy no resource
 
 
 def timeline_spans(run: Run) -> pd.DataFrame:
-    return prepare(to_frame("spans", run.arrow("spans", list(COLUMNS))))
+    # The frame is built here for the timeline alone: no copy (a 400k-span trace's is ~20 MB).
+    return prepare(to_frame("spans", run.arrow("spans", list(COLUMNS))), copy=False)
 
 
-def prepare(spans: pd.DataFrame) -> pd.DataFrame:
+def prepare(spans: pd.DataFrame, *, copy: bool = True) -> pd.DataFrame:
     """Add `cls` (int8 code into CLASSES, NONE for spans that occupy nothing), `on_gpu`,
-    `rank_key` and `end_ns` to a spans frame (a copy of the needed columns)."""
-    df = spans.loc[:, [c for c in COLUMNS if c in spans.columns]].copy()
+    `rank_key` and `end_ns` to a spans frame: a copy of the needed columns, or with
+    `copy=False` the frame itself (when the caller owns it and holds only those)."""
+    df = spans.loc[:, [c for c in COLUMNS if c in spans.columns]].copy() if copy else spans
     for col in ("name", "category"):
         if not isinstance(df[col].dtype, pd.CategoricalDtype):
             df[col] = df[col].astype("category")
@@ -86,7 +88,33 @@ def pattern_mask(series: pd.Series, pattern: re.Pattern) -> np.ndarray:
     return hit[cat.codes.to_numpy()]
 
 
+NULL_ID = np.iinfo(np.int64).min  # an absent id in `id_array`: sorts before every id
+
+
+def id_array(column: pd.Series) -> np.ndarray:
+    """An id column (int64 or nullable Int64) as int64, an absent id as NULL_ID."""
+    if column.dtype == np.int64:
+        return column.to_numpy()
+    return column.to_numpy(np.int64, na_value=NULL_ID)
+
+
+def group_codes(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes for the groups of rows equal in every one of `columns` (int64),
+    numbered in the rows' sorted order (by the first column, then the next…), and each
+    group's first row. Hash-based: a few ms for 400k rows, where a groupby took 10×."""
+    n = len(columns[0])
+    combined = np.zeros(n, np.int64)
+    for col in columns:
+        codes, uniques = pd.factorize(col, sort=True)
+        combined = combined * len(uniques) + codes  # < n² ≤ int64 for any n we can hold
+        combined, _ = pd.factorize(combined, sort=True)
+    codes = combined.astype(np.int64, copy=False)
+    first = np.full(int(codes.max()) + 1 if n else 0, n, np.int64)
+    np.minimum.at(first, codes, np.arange(n, dtype=np.int64))
+    return codes, first
+
+
 def resource_codes(df: pd.DataFrame, keys: list[str]) -> np.ndarray:
-    """Integer codes for the groups defined by `keys` (nulls as a value of their own)."""
-    frame = df[keys].astype("float64").fillna(-(2.0**60))  # ids fit float64 exactly
-    return frame.groupby(keys, sort=True).ngroup().to_numpy(np.int64)
+    """Integer codes for the groups defined by `keys` (nulls as a value of their own,
+    before every id), in sorted order."""
+    return group_codes([id_array(df[k]) for k in keys])[0]

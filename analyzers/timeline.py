@@ -15,10 +15,12 @@ from .spans import (
     CLASS_CODE,
     CLASSES,
     GPU_CLASSES,
+    NULL_ID,
     category_mask,
     cls_mask,
+    group_codes,
+    id_array,
     pattern_mask,
-    resource_codes,
 )
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -135,29 +137,35 @@ def resources(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
         ("gpu_copy", on_gpu & cls_mask(df, "memcpy", "memset"), ["device"]),
         ("gpu_comm", on_gpu & cls_mask(df, "comm"), ["device"]),
     ]
+    # Plain int64 arrays (absent ids as NULL_ID): selecting from them is a numpy take,
+    # where a nullable column's take cost 10× as much.
+    rank = df["rank_key"].to_numpy(np.int64)
+    ids = {k: id_array(df[k]) for k in ("pid", "tid", "device", "stream")}
+    start, end = df["start_ns"].to_numpy(np.int64), df["end_ns"].to_numpy(np.int64)
+    in_span = np.isin(rank, span.index.to_numpy())
     out = []
     for kind, mask, keys in selections:
-        keep = mask & df["rank_key"].isin(span.index).to_numpy()
-        sub = df.loc[keep, ["rank_key", "start_ns", "end_ns", *keys]]  # only what is needed
-        if not len(sub):
+        rows = np.flatnonzero(mask & in_span)
+        if not len(rows):
             continue
-        codes = resource_codes(sub, ["rank_key", *keys])
-        labels = sub.groupby(codes)[["rank_key", *keys]].first()
-        u = union(sub["start_ns"], sub["end_ns"], codes)
-        piece_rank = labels["rank_key"].to_numpy()[u.group]
+        columns = [rank[rows], *(ids[k][rows] for k in keys)]
+        codes, first = group_codes(columns)
+        labels = [c[first] for c in columns]
+        u = union(start[rows], end[rows], codes)
+        piece_rank = labels[0][u.group]
         lo = span["lo"].reindex(piece_rank).to_numpy(np.int64)
         hi = span["hi"].reindex(piece_rank).to_numpy(np.int64)
         busy_piece = np.clip(np.minimum(u.end, hi) - np.maximum(u.start, lo), 0, None)
-        busy = np.bincount(u.group, weights=busy_piece, minlength=len(labels))
-        window = (span["hi"] - span["lo"]).reindex(labels["rank_key"]).to_numpy(np.int64)
+        busy = np.bincount(u.group, weights=busy_piece, minlength=len(first))
+        window = (span["hi"] - span["lo"]).reindex(labels[0]).to_numpy(np.int64)
         frame = pd.DataFrame(
             {
-                "rank_key": labels["rank_key"].to_numpy(),
+                "rank_key": labels[0],
                 "kind": kind,
-                "resource": _resource_names(kind, labels),
+                "resource": _resource_names(kind, labels[1:]),
                 "busy_ns": busy.astype(np.int64),
                 "window_ns": window,
-                "spans": np.bincount(codes, minlength=len(labels)),
+                "spans": np.bincount(codes, minlength=len(first)),
             }
         )
         frame["idle_ns"] = frame["window_ns"] - frame["busy_ns"]
@@ -168,8 +176,8 @@ def resources(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
     return _concat(out)
 
 
-def _resource_names(kind: str, labels: pd.DataFrame) -> list[str]:
-    cols = [labels[c].astype("Int64").astype(str).to_numpy() for c in labels.columns[1:]]
+def _resource_names(kind: str, ids: list[np.ndarray]) -> list[str]:
+    cols = [["<NA>" if v == NULL_ID else str(v) for v in c.tolist()] for c in ids]
     if kind == "cpu_thread":
         return [f"pid {p} tid {t}" for p, t in zip(*cols, strict=True)]
     if kind == "gpu_stream":

@@ -14,15 +14,14 @@ steps, so the importer converts the digits exactly (see kineto_events.to_ns).
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import re
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 from ...errors import ConfigError
+from .compressed import DATA_ERRORS, GZIP_MAGIC, open_trace
 
 CHUNK_CHARS = 1 << 22  # 4 Mi characters per read: large enough to amortise, small in RAM
 BATCH_CHARS = 1 << 21  # a batch read's text per decode (~10k Kineto events)
@@ -73,8 +72,7 @@ class ChromeTraceStream:
             raise TraceFormatError(f"{self.path}: no such file") from None
         except OSError as e:
             raise TraceFormatError(f"{self.path}: unreadable ({e.strerror or e})") from None
-        opener = gzip.open if magic == b"\x1f\x8b" else open
-        return opener(self.path, "rt", encoding="utf-8", newline="")
+        return open_trace(self.path, gz=magic == GZIP_MAGIC, encoding="utf-8", newline="")
 
     def _fill(self) -> bool:
         """Append the next chunk to the buffer (dropping what was consumed); False at EOF."""
@@ -82,7 +80,7 @@ class ChromeTraceStream:
             return False
         try:
             text = self._file.read(CHUNK_CHARS)
-        except (OSError, EOFError, zlib.error) as e:
+        except DATA_ERRORS as e:
             raise TraceFormatError(
                 f"{self.path}: compressed data is corrupt or truncated ({e})"
             ) from None

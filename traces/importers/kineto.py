@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import ConfigError, PerfdiagError
+from ..arrow_memory import release_freed_memory
 from ..layout import RAW_DIR
 from ..manifest import CRASHED
 from ..writer import RunWriter
@@ -151,6 +152,7 @@ def import_kineto(
             warnings = assign_ranks(ids, ranks)
             continue
         break
+    release_freed_memory()  # the decoded events: the analysis that follows starts lower
     try:
         os.rename(tmp, out)
     except OSError as e:

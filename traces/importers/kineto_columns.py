@@ -40,7 +40,6 @@ _WAITING = pa.array(
     sorted(c for c, (cat, kind) in CATEGORIES.items() if cat in CORRELATED or kind == GPU)
 )
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError)
-_OTHER = object()  # a value only the row builder reads (kept out of the int columns)
 # The row builder's row[4:13], by column (step_id is never set by an import).
 _ROW_INTS = ("pid", "tid", "device", "stream", "rank", None, "correlation", "flops", "bytes")
 
@@ -172,12 +171,10 @@ def span_batch(reader, xs: list, views: list, texts: pa.StringArray):
 
     # No flops key: none, unless shapes are there to cost it (the row builder's op_cost).
     flops, flops_present, flops_plain = _ints(
-        [
-            (None if v.input_dims is UNSET else _OTHER) if v.flops is UNSET else v.flops
-            for v in views
-        ]
+        [None if v.flops is UNSET else v.flops for v in views]
     )
-    special |= named["ops"] & ~flops_plain
+    costed = np.fromiter((v.flops is UNSET and v.input_dims is not UNSET for v in views), bool, n)
+    special |= named["ops"] & (~flops_plain | costed)
     nbytes, bytes_present, bytes_plain = _ints(
         [None if v.bytes is UNSET else v.bytes for v in views]
     )

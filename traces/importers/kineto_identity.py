@@ -20,17 +20,16 @@ device, start days apart) — signs that they are not the ranks of one job.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
-import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ...errors import ConfigError
 from .chrome_stream import ChromeTraceStream, TraceFormatError
+from .compressed import DATA_ERRORS, is_gzip, open_trace
 from .kineto_parallel import is_object_document
 
 TAIL_CHARS = 1 << 20  # the keys after the events: distributedInfo of 300 ranks is ~20 KB
@@ -67,19 +66,18 @@ def _int(value) -> int | None:
 def tail_members(path: Path) -> dict:
     """The top-level keys written after `traceEvents`, from the file's tail ({} when
     there are none or they do not fit in the tail)."""
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
+    gz = is_gzip(path)
     tail = ""
     try:
         if gz:
-            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+            with open_trace(path, gz=True, encoding="utf-8", errors="replace") as f:
                 while chunk := f.read(1 << 22):
                     tail = (tail + chunk)[-TAIL_CHARS:]
         else:
             with open(path, "rb") as f:
                 f.seek(max(0, os.path.getsize(path) - TAIL_CHARS))
                 tail = f.read().decode("utf-8", errors="replace")
-    except (OSError, EOFError, zlib.error) as e:
+    except DATA_ERRORS as e:
         raise TraceFormatError(f"{path}: compressed data is corrupt or truncated ({e})") from None
     # The array's end is the first `], "` from which the rest parses as an object's
     # members to the document's end: one inside an event fails at that event's end.
@@ -149,7 +147,7 @@ def read_identity(path: Path, *, need_base: bool = False) -> TraceIdentity:
     wanted = ("distributedInfo", "baseTimeNanoseconds") if need_base else ("distributedInfo",)
     tail_read = True
     if any(k not in header for k in wanted) and is_object_document(path):
-        if need_base or not _is_gzip(path):
+        if need_base or not is_gzip(path):
             for key, value in tail_members(path).items():
                 header.setdefault(key, value)
         else:
@@ -157,11 +155,6 @@ def read_identity(path: Path, *, need_base: bool = False) -> TraceIdentity:
     ident = identity_from_header(path, header, first_ts)
     ident.tail_read = tail_read
     return ident
-
-
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
 
 
 def identity_from_header(path: Path, header: dict, first_ts=None) -> TraceIdentity:

@@ -14,7 +14,6 @@ reading the file in one process, which is always exact.
 
 from __future__ import annotations
 
-import gzip
 import multiprocessing as mp
 import os
 import struct
@@ -23,6 +22,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from ..writer import rows_to_batch
+from .compressed import GZIP_MAGIC, open_trace
 from .kineto_events import KinetoFileReader
 
 BATCH_ROWS = 16384
@@ -50,7 +50,7 @@ def text_size_estimate(path: Path) -> int:
     """Characters of text in the file: its size, or a gzip's recorded size (mod 4 GiB)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
+        if f.read(2) != GZIP_MAGIC:
             return size
         f.seek(-4, os.SEEK_END)
         isize = struct.unpack("<I", f.read(4))[0]
@@ -186,7 +186,5 @@ def read_parallel(
 
 def is_object_document(path: Path) -> bool:
     """Whether the trace is a JSON object (not the bare-array form), from its first bytes."""
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    with (gzip.open if gz else open)(path, "rb") as f:
+    with open_trace(path, "rb") as f:
         return f.read(4096).lstrip()[:1] == b"{"
