@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from .spans import category_mask, cls_mask
+from .spans import category_mask, cls_mask, group_codes, id_array
 
 KERNEL_CLASSES = (
     "communication", "copy", "attention", "gemm", "normalisation", "elementwise", "other",
@@ -75,14 +75,15 @@ def kernel_breakdown(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     gpu = df.loc[mask, ["name", "category", "dur_ns"]]
     frame = pd.DataFrame(
         {
-            "name": gpu["name"].astype("category").to_numpy(),
+            # Grouped by its codes; a name's text is made once per name, not per span.
+            "name": gpu["name"].astype("category").array,
             "dur_ns": gpu["dur_ns"].to_numpy(np.int64),
             "kernel_class": classify(gpu["name"], gpu["category"]),
         }
     )
     if not len(frame):
         return pd.DataFrame(), pd.DataFrame()
-    by_name = _stats(frame, ["name", "kernel_class"])
+    by_name = _names_as_text(_stats(frame, ["name", "kernel_class"]))
     return _stats(frame, "kernel_class"), by_name
 
 
@@ -97,28 +98,28 @@ def op_breakdown(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     start = ops["start_ns"].to_numpy(np.int64)
     dur = ops["dur_ns"].to_numpy(np.int64)
-    thread = pd.MultiIndex.from_frame(ops[["rank_key", "pid", "tid"]].fillna(-1)).codes
+    thread, _ = group_codes([ops["rank_key"].to_numpy(np.int64), id_array(ops["pid"]),
+                             id_array(ops["tid"])])  # fmt: skip
     frame = pd.DataFrame(
         {
-            "name": ops["name"].astype("category").to_numpy(),
+            "name": ops["name"].astype("category").array,
             "dur_ns": dur,
-            "self_ns": self_time_ns(start, start + dur, _thread_code(thread)),
+            "self_ns": self_time_ns(start, start + dur, thread),
         }
     )
     out = _stats(frame, "name")
     self_total = frame.groupby("name", sort=False, observed=True)["self_ns"].sum()
-    out["self_ns"] = out["name"].map(self_total).to_numpy(np.int64)
+    out["self_ns"] = self_total.reindex(out["name"]).to_numpy(np.int64)
+    out = _names_as_text(out)
     whole = out["self_ns"].sum()
     out["self_share_pct"] = 100.0 * out["self_ns"] / whole if whole else np.nan
     return out.sort_values("self_ns", ascending=False, ignore_index=True)
 
 
-def _thread_code(codes) -> np.ndarray:
-    """One integer per (rank, pid, tid) from the MultiIndex level codes."""
-    key = np.zeros(len(codes[0]), dtype=np.int64)
-    for c in codes:
-        key = key * (int(c.max()) + 2 if len(c) else 1) + (c.astype(np.int64) + 1)
-    return key
+def _names_as_text(out: pd.DataFrame) -> pd.DataFrame:
+    """The per-name table's names as text (they were grouped as categories)."""
+    out["name"] = out["name"].astype(str)
+    return out
 
 
 def self_time_ns(start: np.ndarray, end: np.ndarray, thread: np.ndarray) -> np.ndarray:
