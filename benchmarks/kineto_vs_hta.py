@@ -205,6 +205,10 @@ def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
     for r in range(rounds):  # interleaved: both see the same machine state
         h.append(run_child(hta_py, HTA_CHILD, hta_dir))
         p.append(run_child(sys.executable, PERFDIAG_CHILD, trace, tmp / f"run-{trace.stem}-{r}"))
+    # Each round's pair ran back to back: their ratio is steadier than the medians' when
+    # the machine's speed drifts over minutes (a shared VM's does, by ±20 %).
+    pairs = zip(h, p, strict=True)
+    paired = sorted(a["parse_s"] / (b["import_s"] + b["timeline_s"]) for a, b in pairs)
     hs = statistics.median(x["parse_s"] for x in h)
     pi = statistics.median(x["import_s"] for x in p)
     pt = statistics.median(x["import_s"] + x["timeline_s"] for x in p)
@@ -213,6 +217,7 @@ def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
     hc = max(x["children_rss_mb"] for x in h)
     pc = max(x["children_rss_mb"] for x in p)
     return {"trace": trace.name, "events": events, "hta_s": hs, "import_s": pi, "total_s": pt,
+            "paired": paired,
             "hta_mb": hm, "perfdiag_mb": pm, "hta_children_mb": hc,
             "perfdiag_children_mb": pc}  # fmt: skip
 
@@ -269,6 +274,11 @@ def main() -> None:
         "speed-up: HTA's parse time / perfdiag's import alone, / import + timeline "
         "(the target: 5x import + timeline, memory at most half HTA's)"
     )
+    print("import + timeline speed-up per round (HTA's parse / perfdiag's, run back to back):")
+    for r in rows:
+        ratios = r["paired"]
+        print(f"  {r['trace']:<18} median {statistics.median(ratios):.2f}x, "
+              f"rounds {', '.join(f'{x:.2f}' for x in ratios)}")  # fmt: skip
     if decoders:
         print(f"\nJSON decoders on the {n_big:,}-event text (decompressed once; build/hta-venv):")
     for name, (secs, n) in decoders.items():
