@@ -187,6 +187,18 @@ def test_truncated_gzip_and_truncated_text(tmp_path):
     assert not (tmp_path / "run").exists() and not (tmp_path / "run2").exists()
 
 
+def test_corrupt_gzip_data_is_one_line(tmp_path):
+    """Damaged deflate data (not a short file) is an error of the file, whichever inflater
+    reads it (ISA-L's errors are not zlib's)."""
+    data = bytearray(gzip.compress(EXCERPT.read_bytes()))
+    data[20:40] = bytes(range(20))  # inside the deflate stream, past the header
+    bad = _bad(tmp_path, "", name="bad.json.gz")
+    bad.write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError, match=r"corrupt or truncated") as info:
+        import_kineto([bad], tmp_path / "run")
+    assert "\n" not in str(info.value) and not (tmp_path / "run").exists()
+
+
 def test_stream_reads_events_across_chunk_boundaries(tmp_path, monkeypatch):
     from perfdiag.traces.importers import chrome_stream
 

@@ -168,3 +168,29 @@ def test_cli_timeline_json(tmp_path, cli):
     assert text.returncode == 0 and "GPU idle gaps" in text.stdout
     missing = cli("timeline", tmp_path / "nope")
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1
+
+
+def test_group_codes_number_groups_as_a_sorted_groupby():
+    """Resource groups from hash passes on numpy ids equal pandas' sorted groupby, with an
+    absent id a group of its own that sorts first."""
+    import pandas as pd
+
+    from perfdiag.analyzers.spans import group_codes, id_array
+
+    rng = np.random.default_rng(3)
+    n = 5000
+    frame = pd.DataFrame(
+        {
+            "rank": rng.integers(-1, 3, n),
+            "pid": pd.array(rng.integers(0, 4, n), dtype="Int64"),
+            "tid": pd.array(rng.integers(-(2**40), 2**40, n) // 2**37, dtype="Int64"),
+        }
+    )
+    frame.loc[rng.random(n) < 0.1, "pid"] = pd.NA
+    frame.loc[rng.random(n) < 0.1, "tid"] = pd.NA
+    codes, first = group_codes([frame["rank"].to_numpy(), id_array(frame["pid"]),
+                                id_array(frame["tid"])])  # fmt: skip
+    keys = frame.astype("float64").fillna(-np.inf)
+    expected = keys.groupby(["rank", "pid", "tid"], sort=True).ngroup().to_numpy()
+    assert (codes == expected).all()
+    assert (first == [np.flatnonzero(codes == g)[0] for g in range(codes.max() + 1)]).all()
