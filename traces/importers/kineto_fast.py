@@ -14,6 +14,9 @@ exact front end, which reads such files or names their error.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from itertools import compress
+
 import numpy as np
 import pyarrow as pa
 
@@ -73,16 +76,20 @@ def _views(xs: list) -> tuple[list, pa.StringArray]:
     return views, texts
 
 
-def _others(reader, events: list) -> None:
+def _others(reader, others: list) -> None:
     """Non-span events (flows, metadata, counters) through the row builder."""
-    others = [e for e in events if e.ph != "X"]
     if others:
         reader._add(others, [NO_ARGS] * len(others), [None] * len(others))
 
 
 def _add_batch(reader, batch: list) -> None:
-    at = [i for i, e in enumerate(batch) if e.ph == "X"]
-    xs = batch if len(at) == len(batch) else [batch[i] for i in at]
+    is_x = [e.ph == "X" for e in batch]
+    if all(is_x):
+        xs, at, others, other_at = batch, range(len(batch)), [], []
+    else:
+        xs, at = list(compress(batch, is_x)), list(compress(range(len(batch)), is_x))
+        not_x = [not x for x in is_x]
+        others, other_at = list(compress(batch, not_x)), list(compress(range(len(batch)), not_x))
     views, texts = _views(xs)
     spans = None
     if xs and reader.add_spans is not None and not reader.perfdiag_export:
@@ -96,10 +103,10 @@ def _add_batch(reader, batch: list) -> None:
     record_batch, waiting = spans
     # The flow window is cleared only while no span waits (as the row builder does):
     # the non-span events before the first waiting span go first, then it and the rest.
-    cut = at[waiting[0][0]] if waiting else len(batch)
-    _others(reader, batch[:cut])
+    cut = bisect_left(other_at, at[waiting[0][0]]) if waiting else len(others)
+    _others(reader, others[:cut])
     reader._pending.extend(entry for _, entry in waiting)
-    _others(reader, batch[cut:])
+    _others(reader, others[cut:])
     reader.add_spans(record_batch)
 
 
