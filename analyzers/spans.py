@@ -101,7 +101,8 @@ def id_array(column: pd.Series) -> np.ndarray:
 def group_codes(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Integer codes for the groups of rows equal in every one of `columns` (int64),
     numbered in the rows' sorted order (by the first column, then the next…), and each
-    group's first row. Hash-based: a few ms for 400k rows, where a groupby took 10×."""
+    group's first row. One hash pass per column (pandas' groupby over nullable columns:
+    25 against 19 ms for three ids of 270k spans, measured)."""
     n = len(columns[0])
     combined, size = np.zeros(n, np.int64), 1
     for col in columns:
