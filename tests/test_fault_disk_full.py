@@ -89,7 +89,11 @@ def test_a_full_filesystem(tmp_path, cli):
         assert len(errors) == 1 and "No space left on device" in errors[0]
         run = load_run(out)  # the streams stay: no room to compact them
         assert run.status == "crashed"
-        assert 0 < len(run.requests) < REQUESTS // 10 and len(run.steps) > 0
+        assert len(run.requests) < REQUESTS // 10  # stopped at once, not at the end
+        # Which tables got rows in before the disk filled depends on flush timing (a busy
+        # table is written when its batch fills, a quiet one every flush interval), so the
+        # test asks only that what did reach the disk is read back.
+        assert len(run.requests) + len(run.request_events) + len(run.steps) > 0
         inspected = cli("inspect", str(out))
         assert inspected.returncode == 0 and "crashed" in inspected.stdout
     finally:
