@@ -58,6 +58,7 @@ class HostConditions:
     starved_share: float  # share of step time in starved steps
     lost_s: float  # estimated step time lost to CPU starvation
     lost_share: float  # lost_s / Σ step time
+    engine_busy_share: float  # Σ step time / the steps' span: how loaded the engine was
     per_step: pd.DataFrame = field(metadata=INTERNAL)
 
 
@@ -149,8 +150,16 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
         starved_share=float(wall[starved].sum() / wall.sum()) if wall.sum() else 0.0,
         lost_s=float(lost.sum() / NS),
         lost_share=float(lost.sum() / wall.sum()) if wall.sum() else 0.0,
+        engine_busy_share=_busy_share(timeline),
         per_step=per_step,
     )
+
+
+def _busy_share(timeline: StepTimeline) -> float:
+    if not len(timeline.start):
+        return float("nan")
+    span = float(timeline.end.max() - timeline.start.min())
+    return float((timeline.end - timeline.start).sum() / span) if span > 0 else float("nan")
 
 
 def _ranks_or_replicas(run: Run) -> bool:

@@ -125,14 +125,20 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
     def covers(root: str, c) -> bool:
         # A loss that slows all work alike inflates a share of time by at most its own
         # share: 11 % of step time lost to a neighbour does not explain 60 % of TTFT in
-        # input processing. Queues are not shares: near saturation a small loss of
-        # capacity makes a large wait, so a root explains them whatever its size; nor is
-        # a root with a mechanism of its own (slow input stalling deliveries) limited.
+        # input processing. A queue grows faster than the loss near saturation, so it is
+        # the loss's unless the queue at the engine's load without the loss would still
+        # fire. A root with a mechanism of its own (slow input stalling deliveries) is not
+        # limited.
         r = playbook.check(root)
-        if not (r.slows_everything and c.time_share) or c.threshold is None:
+        if not r.slows_everything or c.threshold is None:
             return True
-        excess = _number(fired[c.id].value) - _number(fired[root].value)
-        return not excess >= c.threshold
+        value, loss = _number(fired[c.id].value), _number(fired[root].value)
+        if c.time_share:
+            return not value - loss >= c.threshold
+        if c.queue_share:
+            busy = _evidence(fired[root], "engine_busy_pct")
+            return not queue_share_without_loss(value, loss, busy) >= c.threshold
+        return True
 
     def root_of(check: str) -> str | None:
         # The fired check it follows from (cause_of), followed to the end of the chain (the
@@ -181,6 +187,25 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
 
     ranked = sorted(resolved, key=key)
     return tuple(_replace(f, rank=i + 1) for i, f in enumerate(ranked))
+
+
+def queue_share_without_loss(share: float, loss: float, busy: float) -> float:
+    """The share of latency a queue would take if a loss slowing all work alike (a share
+    `loss` of step time) were gone, at the engine's load (`busy`: the share of time it
+    ran steps). Kingman's approximation: the wait scales as ρ / (1 − ρ) × service time;
+    without the loss the service time shrinks by (1 − loss) and ρ with it, while the
+    rest of the latency shrinks by (1 − loss). Saturated either way (ρ ≥ 1) or unknown
+    load: the queue is the loss's (returns 0)."""
+    if not (0 < busy < 1 and 0 <= loss < 1 and 0 <= share <= 1):
+        return 0.0
+    quiet = busy * (1 - loss)
+    scale = (quiet / (1 - quiet)) / (busy / (1 - busy)) * (1 - loss)
+    queue, rest = share * scale, (1 - share) * (1 - loss)
+    return queue / (queue + rest) if queue + rest > 0 else 0.0
+
+
+def _evidence(f: Finding, name: str) -> float:
+    return next((_number(e.value) for e in f.evidence if e.name == name), float("nan"))
 
 
 def _number(value) -> float:

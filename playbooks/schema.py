@@ -7,7 +7,8 @@ condition (`at_least`, `above`, `at_most`, `below` with a number or a severity l
 text with `{name}` fields from the fact's evidence), what to try next, the figures to
 show, and `consequence_of`: checks that, when they fire, explain this one (a root marked
 `slows_everything` explains a check marked `time_share` only as far as its own share
-covers that check's excess over its threshold). Scenario
+covers that check's excess over its threshold, and one marked `queue_share` only as far
+as the queue at the engine's load without that loss would stay under the threshold). Scenario
 playbooks name a symptom (a fact and a condition) and the route of checks that explain
 it. Everything is checked when a file loads; any problem is a PlaybookError naming the
 file, the place in it and what is wrong. See docs/triage.md.
@@ -45,6 +46,7 @@ _CHECK_KEYS = {
     "figures",
     "consequence_of",
     "time_share",
+    "queue_share",
     "slows_everything",
     "evidence",
     *OPS,
@@ -102,6 +104,7 @@ class Check:
     evidence: tuple[str, ...] | None  # evidence names to show (None: all)
     time_share: bool = False  # the value is a share of time (of TTFT, ITL, step time)
     slows_everything: bool = False  # the value is a share of time lost by all work alike
+    queue_share: bool = False  # the value is a share of latency spent queueing
 
     @property
     def threshold(self) -> float | None:
@@ -288,6 +291,7 @@ def _check(w: _Where, data, where: str) -> Check:
         evidence,
         _flag(w, data, "time_share", where),
         _flag(w, data, "slows_everything", where),
+        _flag(w, data, "queue_share", where),
     )
 
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from perfdiag import load_run
 from perfdiag.analyzers.findings import Evidence, Finding, value_text
 from perfdiag.cli import app
-from perfdiag.playbooks.evaluate import _rank, run_triage
+from perfdiag.playbooks.evaluate import _rank, queue_share_without_loss, run_triage
 from perfdiag.playbooks.facts import TriageContext
 from perfdiag.playbooks.schema import load_playbook
 from perfdiag.traces.schema import Request, Step
@@ -167,6 +167,43 @@ def test_a_queue_follows_the_largest_of_the_roots_that_explain_it():
     by = {f.check: f for f in _rank(found, book)}
     assert by["over-capacity"].consequence_of == "slow-input"
     assert by["slow-input"].rank == 1 and by["host-contention"].rank == 2
+
+
+def test_a_queue_at_light_load_is_not_a_small_neighbours():
+    """CI's bursty run: arrivals in bursts make 41 % of TTFT queue wait at an engine busy
+    16 % of the time; a neighbour taking 12 % of step time shortens that queue only a
+    little, so the bursts stay the cause. On an engine busy 97 % of the time the same
+    neighbour makes the queue (Kingman: wait ∝ ρ / (1 − ρ)); at 90 % busy the queue
+    without it would still fire, so the bursts stay a cause of their own."""
+    book = load_playbook()
+
+    def ranked(busy):
+        busy_evidence = (Evidence("engine_busy_pct", "engine busy", busy, "%"),)
+        found = [Finding("host-contention", 4, "", "warning", "", "", (), busy_evidence, (), (),
+                         0.12, 0.12),
+                 _f_value("bursty-load", 2, "warning", 0.41),
+                 _f_value("queue-dominates-ttft", 3, "critical", 0.53)]  # fmt: skip
+        return {f.check: f for f in _rank(found, book)}
+
+    light = ranked(busy=0.16)
+    assert light["bursty-load"].consequence_of is None and light["bursty-load"].rank == 1
+    assert light["queue-dominates-ttft"].consequence_of == "bursty-load"
+    loaded = ranked(busy=0.97)
+    assert loaded["bursty-load"].consequence_of == "host-contention"
+    assert loaded["host-contention"].rank == 1
+    busy = ranked(busy=0.9)
+    assert busy["bursty-load"].consequence_of is None
+    assert busy["bursty-load"].cause == ("in part from", "host-contention")
+    unknown = ranked(busy=float("nan"))  # no load known: the neighbour takes the queue
+    assert unknown["bursty-load"].consequence_of == "host-contention"
+
+
+def test_a_queue_without_the_loss():
+    assert queue_share_without_loss(0.4, 0.0, 0.5) == pytest.approx(0.4)  # no loss
+    light, heavy = (queue_share_without_loss(0.4, 0.12, b) for b in (0.16, 0.97))
+    assert 0.3 < light < 0.4 and heavy < 0.15  # the nearer saturation, the more it shrinks
+    assert queue_share_without_loss(0.4, 0.12, 1.0) == 0.0  # saturated: the loss's
+    assert queue_share_without_loss(0.4, 0.3, 0.2) < queue_share_without_loss(0.4, 0.1, 0.2)
 
 
 def test_evidence_reads_as_people_write_it():
