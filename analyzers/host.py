@@ -11,7 +11,10 @@ Evidence, per step (probes/recorder.py) and per sample (probes/device_sampler.py
 
 A step is *starved* when the process was preempted at least STARVED_SWITCHES_PER_S times
 per second during it, or when other processes held at least OTHERS_SHARE of the cores
-while the machine was saturated. The time a starved step lost is estimated from the CPU
+while the machine was saturated, or — a step computed on the CPU — when it ran longer
+than the step cost model explains by about the CPU it did not get (threads that wait at
+a barrier for a worker queued behind other processes are not preempted, so the
+switches miss it; `_waited_for_cores`). The time a starved step lost is estimated from the CPU
 it got: `wall − cpu / reference`, the reference being the CPU per second of wall time the
 same kind of step (decode-only, or with prefill) got when not starved — what the engine
 uses when it has the cores.
@@ -82,7 +85,12 @@ class Inflation:
     per_step: pd.DataFrame = field(metadata=INTERNAL)  # step_id, residual_s, reason
 
 
-def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
+def host_conditions(
+    run: Run,
+    timeline: StepTimeline,
+    cost_per_step: pd.DataFrame | None = None,
+    probes: ProbeStalls | None = None,
+) -> HostConditions | None:
     """None when the run recorded no per-step CPU evidence (older runs, imported traces)."""
     steps = run.steps
     if "cpu_time_ns" not in steps or steps["cpu_time_ns"].isna().all():
@@ -118,12 +126,10 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
         preempted[:] = False
     starved = preempted | crowded
     with_prefill = timeline.prefill_tokens > 0
-    reference = np.full(len(wall), np.nan)
-    overall = _reference(ratio, ~starved)
-    for kind in (with_prefill, ~with_prefill):
-        ref = _reference(ratio, kind & ~starved)
-        reference[kind] = ref if np.isfinite(ref) else overall
-    reference = np.where(np.isfinite(reference), reference, max(np.nanpercentile(ratio, 90), 1.0))
+    reference = _references(ratio, starved, with_prefill)
+    if cost_per_step is not None and _computes_on_cpu(run):
+        starved |= _waited_for_cores(timeline, wall - cpu / reference, cost_per_step, probes)
+        reference = _references(ratio, starved, with_prefill)
     lost = np.where(starved & np.isfinite(cpu), np.maximum(wall - cpu / reference, 0.0), 0.0)
     per_step = pd.DataFrame(
         {
@@ -153,6 +159,54 @@ def host_conditions(run: Run, timeline: StepTimeline) -> HostConditions | None:
         engine_busy_share=_busy_share(timeline),
         per_step=per_step,
     )
+
+
+def _references(ratio: np.ndarray, starved: np.ndarray, with_prefill: np.ndarray) -> np.ndarray:
+    """Each step's reference: the CPU per second of step its kind got when not starved."""
+    reference = np.full(len(ratio), np.nan)
+    overall = _reference(ratio, ~starved)
+    for kind in (with_prefill, ~with_prefill):
+        ref = _reference(ratio, kind & ~starved)
+        reference[kind] = ref if np.isfinite(ref) else overall
+    fallback = max(np.nanpercentile(ratio, 90), 1.0) if np.isfinite(ratio).any() else 1.0
+    return np.where(np.isfinite(reference), reference, fallback)
+
+
+def _waited_for_cores(
+    timeline: StepTimeline,
+    deficit_ns: np.ndarray,
+    cost_per_step: pd.DataFrame,
+    probes: ProbeStalls | None,
+) -> np.ndarray:
+    """Steps computed on the CPU that ran longer than their batch explains (the step cost
+    model's inflated steps) by about the CPU they did not get: at least half of the excess
+    is wall time the process spent without its usual CPU. Its threads were runnable but
+    not running — a worker woken for each parallel op queues behind other processes — which
+    leaves no involuntary switch when the threads wait at a barrier instead of being
+    preempted. Steps a probe held or profiled, and the first steps of a batch shape (first
+    touches of memory can wait on the disk), are left to their own reasons."""
+    cost = cost_per_step.set_index("step_id").reindex(timeline.step_id)
+    inflated = cost["inflated"].fillna(False).to_numpy(bool)
+    excess_ns = cost["residual_s"].fillna(0.0).to_numpy(np.float64) * NS
+    waited = inflated & np.isfinite(deficit_ns) & (deficit_ns >= 0.5 * excess_ns)
+    waited &= ~_new_shape(timeline)
+    if probes is not None:
+        waited &= probes.stalls.between(timeline.start, timeline.end) <= 0
+        if probes.window_steps is not None:
+            lo, hi = probes.window_steps
+            waited &= (timeline.step_id < lo) | (timeline.step_id > hi)
+    return waited
+
+
+def _computes_on_cpu(run: Run) -> bool:
+    """Whether the engine's steps compute on the CPU (on a GPU, the host waiting for the
+    device gets little CPU by design)."""
+    from .run_config import engine_setting
+
+    device = engine_setting(run.manifest.config, "device", "device", "device")
+    if device is not None:
+        return str(device).startswith("cpu")
+    return False
 
 
 def _busy_share(timeline: StepTimeline) -> float:

@@ -1,0 +1,57 @@
+"""Starvation the involuntary switches miss: a CPU engine's step whose threads wait at a
+barrier for a worker queued behind other processes gets little CPU and is not preempted.
+The step cost model's excess, matched by the CPU the step did not get, names it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfdiag import load_run
+from perfdiag.analyzers.serving import analyze_serving
+from perfdiag.traces.schema import Step
+from perfdiag.traces.writer import RunWriter
+
+MS = 1_000_000
+
+
+def _run(path, device: str, slow_cpu_ms: float):
+    """300 decode steps of 2 ms at 1.1 CPU per second of step; every 5th step takes 6 ms
+    of which it gets `slow_cpu_ms` of CPU, with no involuntary switch."""
+    rng = np.random.default_rng(0)
+    steps, t = [], 0
+    for i in range(300):
+        seqs = 1 + i % 4
+        base = (1.6 + 0.2 * seqs) * MS * (1 + 0.01 * rng.standard_normal())
+        slow = i % 5 == 4 and i > 20
+        dur = base + 4 * MS if slow else base
+        cpu = slow_cpu_ms * MS if slow else 1.1 * base
+        steps.append(Step(i, t, t + int(dur), num_decode_seqs=seqs, num_context_tokens=64 * seqs,
+                          cpu_time_ns=int(cpu), involuntary_switches=0))  # fmt: skip
+        t += int(dur) + MS // 2
+    config = {"run_options": {"engine": {"device": device}}}
+    with RunWriter(path, command=["test"], config=config, environment_info={"test": True}) as w:
+        for s in steps:
+            w.append("steps", s)
+    return load_run(path)
+
+
+def test_a_cpu_step_that_waited_for_cores_is_starved(tmp_path):
+    host = analyze_serving(_run(tmp_path / "cpu", "cpu", slow_cpu_ms=2.0)).host
+    slow = host.per_step["step_id"].to_numpy() % 5 == 4
+    slow &= host.per_step["step_id"].to_numpy() > 20
+    starved = host.per_step["starved"].to_numpy(bool)
+    assert starved[slow].mean() > 0.9 and starved[~slow].mean() < 0.05
+    # each slow step lost about its 4 ms beyond the model (6 ms wall, 2 ms of CPU at 1.1)
+    assert host.lost_s == pytest.approx(slow.sum() * 4.2e-3, rel=0.25)
+
+
+def test_a_slow_step_that_got_its_cpu_is_not_starved(tmp_path):
+    # The same excess with the CPU to match it (the work was larger, not starved).
+    host = analyze_serving(_run(tmp_path / "busy", "cpu", slow_cpu_ms=6.5)).host
+    assert host.starved_steps == 0 and host.lost_s == 0
+
+
+def test_on_a_gpu_little_cpu_is_waiting_for_the_device(tmp_path):
+    host = analyze_serving(_run(tmp_path / "gpu", "cuda", slow_cpu_ms=2.0)).host
+    assert host.starved_steps == 0
