@@ -201,12 +201,13 @@ def _waited_for_cores(
 def _computes_on_cpu(run: Run) -> bool:
     """Whether the engine's steps compute on the CPU (on a GPU, the host waiting for the
     device gets little CPU by design)."""
-    from .run_config import engine_setting
+    from .run_config import section
 
-    device = engine_setting(run.manifest.config, "device", "device", "device")
-    if device is not None:
-        return str(device).startswith("cpu")
-    return False
+    config = run.manifest.config
+    # perfdiag run's options, or the engine's own config (perfdiag serve)
+    device = section(config, "run_options", "engine").get("device")
+    device = device or section(config, "engine_config").get("device")
+    return str(device).startswith("cpu") if device else False
 
 
 def _busy_share(timeline: StepTimeline) -> float:

@@ -15,7 +15,7 @@ from perfdiag.traces.writer import RunWriter
 MS = 1_000_000
 
 
-def _run(path, device: str, slow_cpu_ms: float):
+def _run(path, device: str, slow_cpu_ms: float, served: bool = False):
     """300 decode steps of 2 ms at 1.1 CPU per second of step; every 5th step takes 6 ms
     of which it gets `slow_cpu_ms` of CPU, with no involuntary switch."""
     rng = np.random.default_rng(0)
@@ -30,14 +30,17 @@ def _run(path, device: str, slow_cpu_ms: float):
                           cpu_time_ns=int(cpu), involuntary_switches=0))  # fmt: skip
         t += int(dur) + MS // 2
     config = {"run_options": {"engine": {"device": device}}}
+    if served:  # perfdiag serve records the engine's own config
+        config = {"engine_config": {"device": device}}
     with RunWriter(path, command=["test"], config=config, environment_info={"test": True}) as w:
         for s in steps:
             w.append("steps", s)
     return load_run(path)
 
 
-def test_a_cpu_step_that_waited_for_cores_is_starved(tmp_path):
-    host = analyze_serving(_run(tmp_path / "cpu", "cpu", slow_cpu_ms=2.0)).host
+@pytest.mark.parametrize("served", [False, True])
+def test_a_cpu_step_that_waited_for_cores_is_starved(tmp_path, served):
+    host = analyze_serving(_run(tmp_path / "cpu", "cpu", slow_cpu_ms=2.0, served=served)).host
     slow = host.per_step["step_id"].to_numpy() % 5 == 4
     slow &= host.per_step["step_id"].to_numpy() > 20
     starved = host.per_step["starved"].to_numpy(bool)
