@@ -118,17 +118,20 @@ def host_conditions(
     # Preempted while the sampler saw no other process working: the engine's own threads
     # (and tensor-parallel ranks) outnumbered the cores. That is the engine's oversubscription,
     # not other processes taking its CPU.
-    preempted &= ~(others_at < OTHERS_PRESENT_CORES)
-    if _ranks_or_replicas(run) and not np.isfinite(others_at).any():
-        # Tensor-parallel ranks or data-parallel replicas share this host's cores and
-        # preempt one another; without the sampler's view of other processes, preemption
-        # says nothing about neighbours.
+    alone = others_at < OTHERS_PRESENT_CORES
+    preempted &= ~alone
+    # Tensor-parallel ranks or data-parallel replicas share this host's cores and preempt
+    # one another; without the sampler's view of other processes, a step's lack of CPU
+    # says nothing about neighbours.
+    own_crowd = _ranks_or_replicas(run) and not np.isfinite(others_at).any()
+    if own_crowd:
         preempted[:] = False
     starved = preempted | crowded
     with_prefill = timeline.prefill_tokens > 0
     reference = _references(ratio, starved, with_prefill)
-    if cost_per_step is not None and _computes_on_cpu(run):
-        starved |= _waited_for_cores(timeline, wall - cpu / reference, cost_per_step, probes)
+    if cost_per_step is not None and not own_crowd and _computes_on_cpu(run):
+        deficit = wall - cpu / reference
+        starved |= _waited_for_cores(timeline, deficit, cost_per_step, probes) & ~alone
         reference = _references(ratio, starved, with_prefill)
     lost = np.where(starved & np.isfinite(cpu), np.maximum(wall - cpu / reference, 0.0), 0.0)
     per_step = pd.DataFrame(

@@ -15,7 +15,7 @@ from perfdiag.traces.writer import RunWriter
 MS = 1_000_000
 
 
-def _run(path, device: str, slow_cpu_ms: float, served: bool = False):
+def _run(path, device: str, slow_cpu_ms: float, served: bool = False, replicas: int = 1):
     """300 decode steps of 2 ms at 1.1 CPU per second of step; every 5th step takes 6 ms
     of which it gets `slow_cpu_ms` of CPU, with no involuntary switch."""
     rng = np.random.default_rng(0)
@@ -32,6 +32,8 @@ def _run(path, device: str, slow_cpu_ms: float, served: bool = False):
     config = {"run_options": {"engine": {"device": device}}}
     if served:  # perfdiag serve records the engine's own config
         config = {"engine_config": {"device": device}}
+    if replicas > 1:
+        config["data_parallel"] = {"size": replicas}
     with RunWriter(path, command=["test"], config=config, environment_info={"test": True}) as w:
         for s in steps:
             w.append("steps", s)
@@ -57,4 +59,11 @@ def test_a_slow_step_that_got_its_cpu_is_not_starved(tmp_path):
 
 def test_on_a_gpu_little_cpu_is_waiting_for_the_device(tmp_path):
     host = analyze_serving(_run(tmp_path / "gpu", "cuda", slow_cpu_ms=2.0)).host
+    assert host.starved_steps == 0
+
+
+def test_replicas_sharing_the_cores_are_not_neighbours(tmp_path):
+    # Without the sampler's view of other processes, a replica short of CPU may be short
+    # of it because of the other replicas: the engine's own crowding, not contention.
+    host = analyze_serving(_run(tmp_path / "dp", "cpu", slow_cpu_ms=2.0, replicas=2)).host
     assert host.starved_steps == 0
