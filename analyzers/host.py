@@ -11,13 +11,14 @@ Evidence, per step (probes/recorder.py) and per sample (probes/device_sampler.py
 
 A step is *starved* when the process was preempted at least STARVED_SWITCHES_PER_S times
 per second during it, or when other processes held at least OTHERS_SHARE of the cores
-while the machine was saturated, or — a step computed on the CPU — when it ran longer
-than the step cost model explains by about the CPU it did not get (threads that wait at
-a barrier for a worker queued behind other processes are not preempted, so the
-switches miss it; `_waited_for_cores`). The time a starved step lost is estimated from the CPU
-it got: `wall − cpu / reference`, the reference being the CPU per second of wall time the
-same kind of step (decode-only, or with prefill) got when not starved — what the engine
-uses when it has the cores.
+while the machine was saturated. A step computed on the CPU that ran longer than the
+step cost model explains by about the CPU it did not get, without either sign, *waited
+for CPU* (`_waited_for_cpu`): an inflation reason of its own, since without the
+sampler a wait for cores and a wait on the disk look alike.
+
+The time a starved step lost is estimated from the CPU it got: `wall − cpu / reference`,
+the reference being the CPU per second of wall time the same kind of step (decode-only,
+or with prefill) got when not starved — what the engine uses when it has the cores.
 
 Probe stalls are the intervals in which a probe held the engine between steps (the
 profiler starting or stopping: `probe` spans); steps recorded inside a profiler window
@@ -42,7 +43,7 @@ OTHERS_SHARE = 0.25  # others hold a quarter of the machine's cores …
 SATURATED = 0.9  # … while the machine is at least this busy
 OTHERS_PRESENT_CORES = 0.25  # below this, the sampler saw no other process at work
 MIN_REFERENCE_STEPS = 5
-REASONS = ("probe", "gc", "preemption", "host contention", "new shape", "unexplained")
+REASONS = ("probe", "gc", "preemption", "host contention", "new shape", "CPU wait", "unexplained")
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,11 @@ def host_conditions(
     starved = preempted | crowded
     with_prefill = timeline.prefill_tokens > 0
     reference = _references(ratio, starved, with_prefill)
+    deficit = wall - cpu / reference
+    waited = np.zeros(len(wall), bool)
     if cost_per_step is not None and not own_crowd and _computes_on_cpu(run):
-        deficit = wall - cpu / reference
-        starved |= _waited_for_cores(timeline, deficit, cost_per_step, probes) & ~alone
-        reference = _references(ratio, starved, with_prefill)
-    lost = np.where(starved & np.isfinite(cpu), np.maximum(wall - cpu / reference, 0.0), 0.0)
+        waited = _waited_for_cpu(timeline, deficit, cost_per_step, probes) & ~alone & ~starved
+    lost = np.where(starved & np.isfinite(cpu), np.maximum(deficit, 0.0), 0.0)
     per_step = pd.DataFrame(
         {
             "step_id": timeline.step_id,
@@ -141,6 +142,7 @@ def host_conditions(
             "switches_per_s": rate,
             "others_cores": others_at,
             "starved": starved,
+            "waited_for_cpu": waited,
             "lost_s": lost / NS,
         }
     )
@@ -175,7 +177,7 @@ def _references(ratio: np.ndarray, starved: np.ndarray, with_prefill: np.ndarray
     return np.where(np.isfinite(reference), reference, fallback)
 
 
-def _waited_for_cores(
+def _waited_for_cpu(
     timeline: StepTimeline,
     deficit_ns: np.ndarray,
     cost_per_step: pd.DataFrame,
@@ -183,11 +185,13 @@ def _waited_for_cores(
 ) -> np.ndarray:
     """Steps computed on the CPU that ran longer than their batch explains (the step cost
     model's inflated steps) by about the CPU they did not get: at least half of the excess
-    is wall time the process spent without its usual CPU. Its threads were runnable but
-    not running — a worker woken for each parallel op queues behind other processes — which
-    leaves no involuntary switch when the threads wait at a barrier instead of being
-    preempted. Steps a probe held or profiled, and the first steps of a batch shape (first
-    touches of memory can wait on the disk), are left to their own reasons."""
+    is wall time the process spent without its usual CPU, and without being preempted
+    often enough to call it starved. Its threads waited — for cores (a worker woken for
+    each parallel op queued behind other processes while the rest waited at a barrier,
+    which leaves no involuntary switch), or on the disk or a lock. Without the sampler's
+    view the two cannot be told apart, so these steps are an inflation reason of their
+    own ("CPU wait"), not host contention. Steps a probe held or profiled, and the first
+    steps of a batch shape, are left to their own reasons."""
     cost = cost_per_step.set_index("step_id").reindex(timeline.step_id)
     inflated = cost["inflated"].fillna(False).to_numpy(bool)
     excess_ns = cost["residual_s"].fillna(0.0).to_numpy(np.float64) * NS
@@ -306,6 +310,8 @@ def explain_inflation(
     if host is not None:
         claim(host.per_step["starved"].to_numpy(bool)[pos], "host contention")
     claim(_new_shape(timeline)[pos], "new shape")
+    if host is not None:
+        claim(host.per_step["waited_for_cpu"].to_numpy(bool)[pos], "CPU wait")
     frame = pd.DataFrame({"step_id": ids, "residual_s": resid, "reason": reason})
     by = frame.groupby("reason")["residual_s"].sum()
     return Inflation(

@@ -33,6 +33,10 @@ _REASON_ADVICE = {
     "preemption findings).",
     "host contention": "Run the engine on cores no other process uses (taskset, cgroups, "
     "a quiet machine).",
+    "CPU wait": "In these steps the process got far less CPU than its steps usually do, "
+    "without being preempted: its threads waited for cores (other processes, or the "
+    "hypervisor's steal; keep the CPU sampler on, the default, to see them) or on the disk. "
+    "Re-run on a quiet machine or on cores no other process uses (taskset, cgroups).",
     "new shape": "Warm the engine up over the batch shapes it will meet before measuring "
     "(perfdiag run --warmup).",
     "unexplained": "Profile the slowest steps (perfdiag run --profile-steps A:B around them).",
@@ -146,10 +150,10 @@ def step_inflation(ctx: TriageContext) -> Fact | Unavailable:
     ids = (IdList("step", "most time beyond the model", worst_steps),)
     value = value if finite(value) else 0.0
     severity = impact.max_severity
-    if top == "unexplained":
-        # Nothing the run recorded coincides with it: a note (with the steps to profile),
-        # not a cause, unless the model misses a large share of the engine's time — and
-        # never critical, since no mechanism was seen to fix.
+    if top in ("unexplained", "CPU wait"):
+        # Nothing the run recorded coincides with it, or only a lack of CPU whose cause the
+        # run cannot tell: a note (with the steps to profile), not a cause, unless the model
+        # misses a large share of the engine's time — and never critical.
         severity = "info" if value < UNEXPLAINED_WARNING else "warning"
     return Fact(value, evidence, ids, impact=value, max_severity=severity)
 
