@@ -87,10 +87,7 @@ class Inflation:
 
 
 def host_conditions(
-    run: Run,
-    timeline: StepTimeline,
-    cost_per_step: pd.DataFrame | None = None,
-    probes: ProbeStalls | None = None,
+    run: Run, timeline: StepTimeline, cost_per_step: pd.DataFrame | None = None
 ) -> HostConditions | None:
     """None when the run recorded no per-step CPU evidence (older runs, imported traces)."""
     steps = run.steps
@@ -133,7 +130,7 @@ def host_conditions(
     deficit = wall - cpu / reference
     waited = np.zeros(len(wall), bool)
     if cost_per_step is not None and not own_crowd and _computes_on_cpu(run):
-        waited = _waited_for_cpu(timeline, deficit, cost_per_step, probes) & ~alone & ~starved
+        waited = _waited_for_cpu(timeline, deficit, cost_per_step) & ~alone & ~starved
     lost = np.where(starved & np.isfinite(cpu), np.maximum(deficit, 0.0), 0.0)
     per_step = pd.DataFrame(
         {
@@ -178,31 +175,20 @@ def _references(ratio: np.ndarray, starved: np.ndarray, with_prefill: np.ndarray
 
 
 def _waited_for_cpu(
-    timeline: StepTimeline,
-    deficit_ns: np.ndarray,
-    cost_per_step: pd.DataFrame,
-    probes: ProbeStalls | None,
+    timeline: StepTimeline, deficit_ns: np.ndarray, cost_per_step: pd.DataFrame
 ) -> np.ndarray:
     """Steps computed on the CPU that ran longer than their batch explains (the step cost
     model's inflated steps) by about the CPU they did not get: at least half of the excess
-    is wall time the process spent without its usual CPU, and without being preempted
-    often enough to call it starved. Its threads waited — for cores (a worker woken for
-    each parallel op queued behind other processes while the rest waited at a barrier,
-    which leaves no involuntary switch), or on the disk or a lock. Without the sampler's
-    view the two cannot be told apart, so these steps are an inflation reason of their
-    own ("CPU wait"), not host contention. Steps a probe held or profiled, and the first
-    steps of a batch shape, are left to their own reasons."""
+    is wall time the process spent without its usual CPU. Its threads waited — for cores
+    (a worker woken for each parallel op queued behind other processes while the rest
+    waited at a barrier, which leaves no involuntary switch), or on the disk or a lock.
+    Without the sampler's view the two cannot be told apart, so these steps are an
+    inflation reason of their own ("CPU wait", after the probe, GC, preemption, starvation
+    and new-shape reasons), not host contention."""
     cost = cost_per_step.set_index("step_id").reindex(timeline.step_id)
     inflated = cost["inflated"].fillna(False).to_numpy(bool)
     excess_ns = cost["residual_s"].fillna(0.0).to_numpy(np.float64) * NS
-    waited = inflated & np.isfinite(deficit_ns) & (deficit_ns >= 0.5 * excess_ns)
-    waited &= ~_new_shape(timeline)
-    if probes is not None:
-        waited &= probes.stalls.between(timeline.start, timeline.end) <= 0
-        if probes.window_steps is not None:
-            lo, hi = probes.window_steps
-            waited &= (timeline.step_id < lo) | (timeline.step_id > hi)
-    return waited
+    return inflated & np.isfinite(deficit_ns) & (deficit_ns >= 0.5 * excess_ns)
 
 
 def _computes_on_cpu(run: Run) -> bool:

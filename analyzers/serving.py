@@ -86,14 +86,10 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
     cost = timed("step cost", fit_step_cost, steps)
     step_cost = cost if cost is not None else Missing("step cost", (f"{MIN_STEPS}+ steps",))
     parts = StepParts.from_model(steps, cost) if steps is not None else None
-    stalls = timed("probe stalls", find_probe_stalls, run, origin)
     cost_steps = cost.per_step if cost is not None else None
-    host = (
-        timed("host", host_conditions, run, steps, cost_steps, stalls)
-        if steps is not None
-        else None
-    )
+    host = timed("host", host_conditions, run, steps, cost_steps) if steps is not None else None
     no_cpu = Missing("host", ("steps.cpu_time_ns",))
+    stalls = timed("probe stalls", find_probe_stalls, run, origin)
     inflation = (
         timed("inflation", explain_inflation, run, steps, cost.per_step, host, stalls)
         if cost is not None
