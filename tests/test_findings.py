@@ -198,6 +198,17 @@ def test_a_queue_at_light_load_is_not_a_small_neighbours():
     assert unknown["bursty-load"].consequence_of == "host-contention"
 
 
+def test_gaps_between_the_steps_of_a_sliced_prompt_are_the_slicings():
+    """CI's test_advice run: prompts cut into 14 steps of 16 tokens spend 45 % of TTFT
+    between steps (14 gaps instead of one) — the slicing is what to fix."""
+    book = load_playbook()
+    found = [_f_value("ttft-host-gaps", 3, "critical", 0.45),
+             _f_value("chunk-too-small", 3, "warning", 0.3)]  # fmt: skip
+    by = {f.check: f for f in _rank(found, book)}
+    assert by["chunk-too-small"].rank == 1
+    assert by["ttft-host-gaps"].consequence_of == "chunk-too-small"
+
+
 def test_a_queue_without_the_loss():
     assert queue_share_without_loss(0.4, 0.0, 0.5) == pytest.approx(0.4)  # no loss
     light, heavy = (queue_share_without_loss(0.4, 0.12, b) for b in (0.16, 0.97))
