@@ -199,8 +199,9 @@ def test_a_queue_at_light_load_is_not_a_small_neighbours():
 
 
 def test_gaps_between_the_steps_of_a_sliced_prompt_are_the_slicings():
-    """CI's test_advice run: prompts cut into 14 steps of 16 tokens spend 45 % of TTFT
-    between steps (14 gaps instead of one) — the slicing is what to fix."""
+    """test_advice's sliced run: prompts cut into 14 steps of 16 tokens wait through 14
+    gaps between steps instead of one (26-29 % of TTFT locally; in one CI run this was
+    named first) — the slicing is what to fix."""
     book = load_playbook()
     found = [_f_value("ttft-host-gaps", 3, "critical", 0.45),
              _f_value("chunk-too-small", 3, "warning", 0.3)]  # fmt: skip
