@@ -158,7 +158,7 @@ def host_conditions(
         starved_share=float(wall[starved].sum() / wall.sum()) if wall.sum() else 0.0,
         lost_s=float(lost.sum() / NS),
         lost_share=float(lost.sum() / wall.sum()) if wall.sum() else 0.0,
-        engine_busy_share=_busy_share(timeline),
+        engine_busy_share=timeline.busy_share(),
         per_step=per_step,
     )
 
@@ -194,20 +194,10 @@ def _waited_for_cpu(
 def _computes_on_cpu(run: Run) -> bool:
     """Whether the engine's steps compute on the CPU (on a GPU, the host waiting for the
     device gets little CPU by design)."""
-    from .run_config import section
+    from .run_config import engine_setting
 
-    config = run.manifest.config
-    # perfdiag run's options, or the engine's own config (perfdiag serve)
-    device = section(config, "run_options", "engine").get("device")
-    device = device or section(config, "engine_config").get("device")
+    device = engine_setting(run.manifest.config, "device", None, "device")
     return str(device).startswith("cpu") if device else False
-
-
-def _busy_share(timeline: StepTimeline) -> float:
-    if not len(timeline.start):
-        return float("nan")
-    span = float(timeline.end.max() - timeline.start.min())
-    return float((timeline.end - timeline.start).sum() / span) if span > 0 else float("nan")
 
 
 def _ranks_or_replicas(run: Run) -> bool:

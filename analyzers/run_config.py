@@ -13,9 +13,10 @@ def section(mapping, *keys: str) -> dict:
     return mapping if isinstance(mapping, dict) else {}
 
 
-def engine_setting(config: dict | None, option: str, section_name: str, key: str):
-    """The setting, or None when the run did not record it."""
+def engine_setting(config: dict | None, option: str, section_name: str | None, key: str):
+    """The setting, or None when the run did not record it (`section_name` None: a key
+    at the top of the engine's config, such as `device`)."""
     engine = section(config, "run_options", "engine")
     if option in engine:
         return engine[option]
-    return section(config, "engine_config", section_name).get(key)
+    return section(config, "engine_config", *([section_name] if section_name else [])).get(key)

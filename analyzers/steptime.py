@@ -111,6 +111,13 @@ class StepTimeline:
     def busy_between(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.maximum(self.busy(b) - self.busy(a), 0.0)
 
+    def busy_share(self) -> float:
+        """Step time over the steps' span: how loaded the engine was (NaN: no span)."""
+        if not len(self.start):
+            return float("nan")
+        span = float(self.end[-1] - self.start[0])
+        return float(self.busy(self.end[-1:])[0] / span) if span > 0 else float("nan")
+
     def prefill_share(self, pos: np.ndarray, weights: WorkWeights) -> np.ndarray:
         """Fraction of the work of the steps at `pos` that was prefill (NaN for -1)."""
         p = self.prefill_tokens[pos] * weights.prefill_weight
