@@ -1,6 +1,8 @@
 """The real model on the CPU (issue 20): engine_ref's batch-1 decode of SmolLM2-135M
 against its memory-bandwidth floor; float vs q4_1 decode and prefill with their roofline
 positions; transformers' generate and llama.cpp (llama-cpp-python) on the same GGUF file.
+engine_ref float runs twice: on its default PyTorch kernels and with `kernel_backend="numba"`
+(decode steps' small ops fused by Numba: engine_ref/cpu_kernels.py).
 
     .venv/bin/python benchmarks/cpu_decode.py [--tokens 64] [--prefill 512] [--rounds 2]
 
@@ -130,7 +132,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--skip", default="", help="comma list of: q4_1, transformers, llama_cpp")
+    ap.add_argument("--skip", default="",
+                    help="comma list of: numba, q4_1, transformers, llama_cpp")  # fmt: skip
     ap.add_argument("--threads", type=int, default=0, help="torch (and llama.cpp) threads")
     args = ap.parse_args()
     if args.threads:
@@ -156,17 +159,22 @@ def main() -> None:
     measure_ceilings()
 
     results = {}
-    for fmt in ("float", "q4_1"):
-        if fmt in skip:
+    # (name, weights, kernel backend): torch is the default path; numba fuses the small ops
+    # of decode steps (engine_ref/cpu_kernels.py)
+    subjects = [("engine_ref float", "float", "torch"),
+                ("engine_ref float numba", "float", "numba"),
+                ("engine_ref q4_1", "q4_1", "torch")]  # fmt: skip
+    for name, fmt, kernels in subjects:
+        if fmt in skip or kernels in skip:
             continue
         cache = CacheConfig(enable_prefix_caching=False)  # every round computes its prompt
         engine = LLMEngine(EngineConfig(model=cfg, model_path=str(path), max_model_len=2048,
-                                        weight_format=fmt, cache=cache))  # fmt: skip
+                                        weight_format=fmt, cache=cache,
+                                        kernel_backend=kernels))  # fmt: skip
         tok = engine.tokenizer
         prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": TEXT}]))
         long_ids = (tok.encode(TEXT * 20))[: args.prefill]
-        results[f"engine_ref {fmt}"] = engine_times(engine, prompt, long_ids, args.tokens,
-                                                    args.rounds)  # fmt: skip
+        results[name] = engine_times(engine, prompt, long_ids, args.tokens, args.rounds)
         del engine
         measure_ceilings()
     if "transformers" not in skip:
@@ -208,20 +216,23 @@ def main() -> None:
     for name, (dec, pre) in results.items():
         print(f"{name:22} {1 / dec:12.1f} {dec * 1e3:9.1f} {dec / floor:8.2f} "
               f"{dec / read_floor:13.2f} {len(long_ids) / pre:14.1f}")  # fmt: skip
-    for fmt in ("float", "q4_1"):
-        key = f"engine_ref {fmt}"
-        if key in results:
+    engines = [name for name, _, _ in subjects if name in results]
+    for name, fmt, _ in subjects:
+        if name in results:
             m = for_weight_format(f32, fmt)
-            dec, pre = results[key]
-            print(f"roofline {fmt:5} decode : {position(m, decode_shape, dec, bw, peak)}")
-            print(f"roofline {fmt:5} prefill: {position(m, prefill_shape, pre, bw, peak)}")
-    if "transformers float" in results and "engine_ref float" in results:
-        e, h = results["engine_ref float"], results["transformers float"]
-        print(f"engine_ref / transformers (float32): decode {h[0] / e[0]:.2f}x, prefill "
-              f"{h[1] / e[1]:.2f}x")  # fmt: skip
+            dec, pre = results[name]
+            label = name.removeprefix("engine_ref ")
+            print(f"roofline {label:11} decode : {position(m, decode_shape, dec, bw, peak)}")
+            print(f"roofline {label:11} prefill: {position(m, prefill_shape, pre, bw, peak)}")
+    if "transformers float" in results:
+        h = results["transformers float"]
+        for key in (k for k in engines if " float" in k):
+            e = results[key]
+            print(f"{key} / transformers (float32): decode {h[0] / e[0]:.2f}x, prefill "
+                  f"{h[1] / e[1]:.2f}x")  # fmt: skip
     if "llama.cpp (Q4_1)" in results:
         ll = results["llama.cpp (Q4_1)"]
-        for key in ("engine_ref float", "engine_ref q4_1"):
+        for key in engines:
             if key in results:
                 e = results[key]
                 print(f"{key} / llama.cpp: decode tok/s ratio {ll[0] / e[0]:.2f}, prefill "

@@ -121,8 +121,9 @@ def run(
         _opt(
             "--kernel-backend",
             panel=ENGINE,
-            help="torch, triton, or auto: torch on cpu, triton on cuda (on cpu Triton runs "
-            "in its interpreter: slow) [auto].",
+            help="torch, triton, numba, or auto: torch on cpu, triton on cuda (on cpu Triton "
+            "runs in its interpreter: slow; numba, cpu only: batch-1 decode steps fused into "
+            "one compiled call, the cpu extra) [auto].",
         ),
     ] = None,
     cuda_graphs: Annotated[

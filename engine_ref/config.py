@@ -16,7 +16,7 @@ ARCHITECTURES = ("llama", "qwen2", "qwen2_moe")
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("sdpa", "naive")
-KERNEL_BACKENDS = ("auto", "torch", "triton")  # auto: torch on the CPU, triton on CUDA
+KERNEL_BACKENDS = ("auto", "torch", "triton", "numba")  # auto: torch on the CPU, triton on CUDA
 PREEMPTION_MODES = ("recompute", "swap")
 POLICIES = ("fcfs", "prefix")
 # Weight-only quantisation (quant.py): "float" weights in the run's dtype, or GGUF blocks
@@ -302,7 +302,9 @@ class EngineConfig:
     model_path: str | None = None  # a local Hugging Face directory or a .gguf file to load
     weight_format: str = "float"  # one of WEIGHT_FORMATS
     # "triton": norms, RoPE, SiLU-and-multiply and paged attention run as the kernels of
-    # engine_ref/kernels (attention_backend is then unused); "torch": the PyTorch path.
+    # engine_ref/kernels (attention_backend is then unused); "torch": the PyTorch path;
+    # "numba" (CPU, float32): decode-only steps run fused CPU kernels (cpu_kernels.py)
+    # between the GEMVs, other steps the PyTorch path.
     kernel_backend: str = "auto"
     # Decode-only steps replay CUDA graphs captured at these batch sizes (CUDA, triton
     # kernels); a batch above the largest, or a size whose capture failed, runs eagerly.
@@ -334,6 +336,12 @@ class EngineConfig:
             self.kernel_backend in KERNEL_BACKENDS,
             f"kernel_backend {self.kernel_backend!r} is not one of {KERNEL_BACKENDS}",
         )
+        if self.kernel_backend == "numba":
+            _require(
+                self.device == "cpu" and self.dtype == "float32" and self.weight_format == "float",
+                "kernel_backend 'numba' runs float32 weights on the CPU (--device cpu --dtype "
+                "float32 --weights float)",
+            )
         sizes = tuple(sorted(set(int(b) for b in self.cuda_graph_batch_sizes)))
         object.__setattr__(self, "cuda_graph_batch_sizes", sizes)
         _require(bool(sizes) and sizes[0] >= 1, "cuda_graph_batch_sizes must be >= 1")

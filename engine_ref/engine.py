@@ -58,6 +58,13 @@ def build_model(config: EngineConfig) -> LlamaModel:
         from .kernels._common import check_device
 
         check_device(config.device)
+    elif kernels == "numba":
+        try:
+            import numba  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "kernel_backend 'numba' needs the numba package: pip install 'perfdiag[cpu]'"
+            ) from None
     model = LlamaModel(config.model, config.attention_backend, kernels)
     packed: dict = {}
     if is_gguf(config.model_path):

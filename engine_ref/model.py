@@ -148,6 +148,10 @@ class LlamaModel(nn.Module):
             from .kernels.forward import triton_forward
 
             self._kernel_forward = triton_forward
+        elif kernel_backend == "numba":
+            from .cpu_forward import numba_forward
+
+            self._kernel_forward = numba_forward
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, attention_backend) for _ in range(cfg.num_layers)
@@ -167,6 +171,10 @@ class LlamaModel(nn.Module):
         """Final hidden states [T, hidden] of every token in the batch."""
         if self._kernel_forward is not None:
             return self._kernel_forward(self, input_ids, positions, kv_caches, meta)
+        return self.torch_forward(input_ids, positions, kv_caches, meta)
+
+    def torch_forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata):
+        """The PyTorch path (also the kernel backends' path for steps they do not fuse)."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
@@ -174,6 +182,12 @@ class LlamaModel(nn.Module):
         return self.norm.forward(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.kernel_backend == "numba":  # BLAS through Numba, as the fused steps' GEMVs
+            from .cpu_forward import numba_logits
+
+            logits = numba_logits(self, hidden)
+            if logits is not None:
+                return logits
         if self.lm_head is None:  # tied, float
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head.forward(hidden).float()
