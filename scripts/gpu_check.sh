@@ -16,7 +16,8 @@
 #   4. `perfdiag calibrate` (measured matmul FLOP/s and copy bandwidth), then
 #      `perfdiag timeline` on the first run: every kernel on the roofline of those ceilings
 #   5. kernel micro-benchmarks (triton.testing.do_bench): achieved GB/s and FLOP/s against
-#      the measured ceilings, and a decode step with and without CUDA graphs at batch 1
+#      the measured ceilings (the Q4_1/Q8_0 dequant GEMV/GEMM beside the dense one among
+#      them), and a decode step with and without CUDA graphs at batch 1
 #   6. one summary table, printed last (targets: decode attention >= 60% of the measured
 #      bandwidth at large batch x context; CUDA graphs >= 1.5x faster decode at batch 1)
 # Logs go to $OUT when set (the device tool brings back at most 8 files), else to
@@ -168,6 +169,10 @@ try:
     big = [k for k in bench["kernels"] if k["kernel"].startswith("decode_attention")][0]
     pct = big.get("pct_of_bandwidth", 0)
     rows.append(("target: decode attn >= 60% bw", "MET" if pct >= 60 else "MISSED", f"{pct:.0f}% at {big['shape']}"))
+    one_row = {k["kernel"]: k for k in bench["kernels"] if k["shape"].startswith("M=1 ")}
+    dense, q4 = one_row["dense_matmul"], one_row["dequant_matmul q4_1"]
+    rows.append(("q4_1 GEMV vs dense (issue 20)", "FASTER" if q4["ms"] < dense["ms"] else "SLOWER",
+                 f"{dense['ms'] / q4['ms']:.2f}x the dense GEMV's speed, {dense['bytes'] / q4['bytes']:.1f}x fewer bytes"))
     g = bench["cuda_graphs"]
     rows.append(("target: graphs >= 1.5x at batch 1", "MET" if g["speedup"] >= 1.5 else "MISSED",
                  f"eager {g['eager_ms']:.3f} ms, graphs {g['graph_ms']:.3f} ms: {g['speedup']:.2f}x"))

@@ -17,7 +17,7 @@ def test_every_case_runs_and_reports_consistent_figures():
     rows = bench.bench_kernels("cpu", "float32", ceilings, bench.TINY)
     kinds = {r["kernel"].split()[0] for r in rows}
     assert kinds == {"rms_norm+residual", "rope", "silu_mul", "kv_store", "decode_attention",
-                     "prefill_attention"}  # fmt: skip
+                     "prefill_attention", "dense_matmul", "dequant_matmul"}  # fmt: skip
     for r in rows:
         assert r["ms"] > 0 and r["bytes"] > 0
         assert r["gb_per_s"] == pytest.approx(r["bytes"] / (r["ms"] / 1e3) / 1e9)

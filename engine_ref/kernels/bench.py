@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 import triton.testing
 
+from ..quant import PackedWeight, quantize
 from . import decode_attention as dec
+from . import dequant_matmul as dqm
 from . import kv_store, rms_norm, rope, silu_mul
 from . import prefill_attention as pre
 from ._common import elem_bytes
@@ -106,7 +108,30 @@ def _cases(dev, dt, shapes: Shapes, num_sms: int) -> list[tuple]:
     nbytes = pre.bytes_moved(seqs * new, HQ, HKV, D, seqs * ctx, seqs, e, tables.shape[1])
     add("prefill_attention", f"{seqs}×{new} new after {cached} cached", prefill,
         pre.flops(pairs, HQ, D), nbytes)  # fmt: skip
+    _matmul_cases(add, dev, dt, shapes)
     return out
+
+
+def _matmul_cases(add, dev, dt, shapes: Shapes) -> None:
+    """The MLP's up projection (N = I, K = H) at one row (decode: the weight's bytes are
+    the time) and at `tokens` rows (prefill: it pays the dequantisation per row tile),
+    packed Q4_1 / Q8_0 through the dequant kernel against the dense GEMM (cuBLAS)."""
+    n, k, e = shapes.inter, shapes.hidden, elem_bytes(dt)
+    dense = torch.randn(n, k, device=dev, dtype=dt)
+    packed = {}
+    for fmt in ("q4_1", "q8_0"):
+        p = quantize(dense, fmt)
+        moved = [None if t is None else t.to(dev) for t in (p.qs, p.d, p.m)]
+        packed[fmt] = PackedWeight(fmt, n, k, *moved)
+    for m in (1, shapes.tokens):
+        x = torch.randn(m, k, device=dev, dtype=dt)
+        add("dense_matmul", f"M={m} N={n} K={k}", lambda x=x: x @ dense.T,
+            2 * m * n * k, (n * k + m * k + m * n) * e)  # fmt: skip
+        block_m = dqm.row_tile(m)  # the dequantisation is paid once per row tile
+        for fmt, w in packed.items():
+            add(f"dequant_matmul {fmt}", f"M={m} N={n} K={k}",
+                lambda x=x, w=w: dqm.dequant_matmul(x, w), dqm.flops(m, n, k, block_m),
+                dqm.bytes_moved(m, n, k, fmt, e))  # fmt: skip
 
 
 def _host_time_ms(fn) -> float:

@@ -23,6 +23,11 @@ def ref_dequant_matmul(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     return x @ dequantize(w, x.dtype).T
 
 
+def row_tile(m: int) -> int:
+    """BLOCK_M for M rows: one 16-row tile covers a decode batch; prefill takes 32."""
+    return 16 if m <= 16 else 32
+
+
 def flops(m: int, n: int, k: int, block_m: int = 16) -> int:
     """2·M·N·K for the product, plus 2 per weight (d·q + m) each time an M tile
     dequantises it: decode (one tile) pays 2·N·K, a prefill of M rows ⌈M/BLOCK_M⌉ times."""
@@ -74,7 +79,7 @@ def dequant_matmul(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     m, k = x.shape
     assert k == w.k and k % BLOCK == 0 and x.stride(1) == 1
     y = torch.empty((m, w.n), dtype=x.dtype, device=x.device)
-    block_m = 16 if m <= 16 else 32
+    block_m = row_tile(m)
     block_n, block_k = 64, 64 if k % 64 == 0 else 32
     grid = (triton.cdiv(m, block_m), triton.cdiv(w.n, block_n))
     m_arg = w.m if w.m is not None else w.d  # unread for Q8_0
