@@ -5,6 +5,7 @@ PyTorch path, token for token."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -133,3 +134,9 @@ def test_batched_then_lone_decodes_agree_with_the_pytorch_path():
 def test_numba_backend_refuses_what_it_does_not_run(change):
     with pytest.raises(ConfigError, match="numba"):
         EngineConfig(kernel_backend="numba", **change)
+
+
+def test_without_numba_the_engine_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'perfdiag\[cpu\]'"):
+        LLMEngine(EngineConfig(kernel_backend="numba"))
