@@ -27,6 +27,7 @@ import torch
 from numba.typed import List
 
 from . import cpu_kernels as k
+from .attention import AttentionMetadata
 
 _blas_threads = [0]  # the thread count last given to that BLAS (process-wide, like torch's)
 
@@ -48,6 +49,22 @@ def numba_forward(model, input_ids, positions, kv_caches, meta) -> torch.Tensor:
         np.float32(model.layers[0].self_attn.scale), out.numpy(),
     )  # fmt: skip
     return out
+
+
+@torch.inference_mode()
+def warm_up(model) -> None:
+    """Compile (or load from Numba's cache: ~1 s) the fused step and the logits GEMV with
+    the argument types of a real step, on a one-slot scratch cache, so that the first decode
+    step of a run is not that much slower than the rest."""
+    cfg = model.config
+    shape = (1, 1, cfg.num_kv_heads, cfg.head_dim)
+    scratch = [(torch.zeros(shape), torch.zeros(shape)) for _ in model.layers]
+    zero = torch.zeros(1, dtype=torch.long)  # one token at position 0, in slot 0 of block 0
+    meta = AttentionMetadata(slot_mapping=zero, num_decode=1, decode_block_tables=zero[None],
+                             decode_mask=None, decode_context_len=1, prefills=[])  # fmt: skip
+    hidden = numba_forward(model, zero, zero, scratch, meta)
+    numba_logits(model, hidden)
+    model._numba_caches = None  # the scratch cache's lists: not kept
 
 
 def numba_logits(model, hidden: torch.Tensor) -> torch.Tensor | None:

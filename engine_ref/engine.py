@@ -78,6 +78,10 @@ def build_model(config: EngineConfig) -> LlamaModel:
         from .quant import quantize_model
 
         quantize_model(model, config.weight_format, packed)
+    if kernels == "numba":
+        from .cpu_forward import warm_up
+
+        warm_up(model)  # loads the compiled step now, not in the run's first decode step
     return model
 
 

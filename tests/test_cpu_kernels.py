@@ -140,3 +140,10 @@ def test_without_numba_the_engine_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
     with pytest.raises(ConfigError, match=r"pip install 'perfdiag\[cpu\]'"):
         LLMEngine(EngineConfig(kernel_backend="numba"))
+
+
+def test_the_fused_step_is_compiled_when_the_engine_is_built():
+    # Loading it (~1 s from Numba's cache) would otherwise land in the run's first step.
+    engine = LLMEngine(EngineConfig(kernel_backend="numba"))
+    assert k.decode_step.signatures and k.gemv.signatures
+    assert engine.runner.model._numba_caches is None  # the warm-up's scratch cache let go
