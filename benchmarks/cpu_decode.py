@@ -233,10 +233,9 @@ def main() -> None:
     if "llama.cpp (Q4_1)" in results:
         ll = results["llama.cpp (Q4_1)"]
         for key in engines:
-            if key in results:
-                e = results[key]
-                print(f"{key} / llama.cpp: decode tok/s ratio {ll[0] / e[0]:.2f}, prefill "
-                      f"{ll[1] / e[1]:.2f}")  # fmt: skip
+            e = results[key]
+            print(f"{key} / llama.cpp: decode tok/s ratio {ll[0] / e[0]:.2f}, prefill "
+                  f"{ll[1] / e[1]:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

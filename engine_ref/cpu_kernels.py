@@ -4,11 +4,11 @@ Why: a batch-1 decode on a CPU is a chain of GEMVs (at memory bandwidth) with ~3
 PyTorch ops per layer between them. Each small op costs 10-20 µs of dispatch, and 50-90 µs
 right after a GEMV has streamed megabytes of weights through the caches (the dispatcher's
 code and data are evicted: measured on SmolLM2-135M, 14 ms of a 40 ms step). These kernels
-do the work between two GEMVs in one call each: residual add + RMSNorm, RoPE + KV store +
-paged attention, SiLU-and-multiply. They run on one thread (torch's GEMVs keep the others)
-and accumulate in fp32 like the PyTorch path; only the order of the sums differs.
-`decode_step` runs a whole decode step in one call, its GEMVs through BLAS (np.dot: SciPy's
-OpenBLAS), so no Python or PyTorch dispatch sits between two GEMVs.
+do the work between two GEMVs: residual add + RMSNorm, RoPE + KV store + paged attention,
+SiLU-and-multiply, each on one thread, accumulating in fp32 like the PyTorch path (only the
+order of the sums differs). `decode_step` runs a whole decode step in one call, its GEMVs
+through BLAS (np.dot: SciPy's OpenBLAS, on the threads torch is given), so no Python or
+PyTorch dispatch sits between two GEMVs.
 
 Arrays: activations [T, width] float32 C-contiguous; caches [blocks, block_size, kv_heads,
 head_dim]; rope tables [positions, head_dim] (the sin table carries rotate-half's sign, as
@@ -43,14 +43,9 @@ def add_rms_norm(residual, h, weight, eps, out):
     """residual += h (in place, the residual stream); out = rms_norm(residual)."""
     rows, width = residual.shape
     for t in range(rows):
-        ss = np.float32(0.0)
         for i in range(width):
-            v = residual[t, i] + h[t, i]
-            residual[t, i] = v
-            ss += v * v
-        r = np.float32(1.0) / np.sqrt(ss / np.float32(width) + eps)
-        for i in range(width):
-            out[t, i] = residual[t, i] * r * weight[i]
+            residual[t, i] += h[t, i]
+    rms_norm(residual, weight, eps, out)
 
 
 @njit(cache=True, fastmath=_FAST)

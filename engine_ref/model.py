@@ -143,15 +143,16 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.kernel_backend = kernel_backend
-        self._kernel_forward = None  # the Triton kernels' forward (imports triton: lazily)
+        self._kernel_forward = None  # a kernel backend's forward (imported lazily)
+        self._kernel_logits = None  # and its logits, where it has its own (None: not fused)
         if kernel_backend == "triton":
             from .kernels.forward import triton_forward
 
             self._kernel_forward = triton_forward
         elif kernel_backend == "numba":
-            from .cpu_forward import numba_forward
+            from .cpu_forward import numba_forward, numba_logits
 
-            self._kernel_forward = numba_forward
+            self._kernel_forward, self._kernel_logits = numba_forward, numba_logits
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, attention_backend) for _ in range(cfg.num_layers)
@@ -182,10 +183,8 @@ class LlamaModel(nn.Module):
         return self.norm.forward(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.kernel_backend == "numba":  # BLAS through Numba, as the fused steps' GEMVs
-            from .cpu_forward import numba_logits
-
-            logits = numba_logits(self, hidden)
+        if self._kernel_logits is not None:
+            logits = self._kernel_logits(self, hidden)
             if logits is not None:
                 return logits
         if self.lm_head is None:  # tied, float
