@@ -7,8 +7,9 @@ use from PyPI) so they cannot disturb perfdiag's. Traces: the shared real V100 t
 trace (68,692 events) and the same trace's events repeated K times (times shifted past
 the previous copy, correlation/flow/External ids and step numbers offset): a real
 trace's content at 100k–1M events. Peak memory is each child's own high-water resident
-set (VmHWM); a child's children (HTA's pool, perfdiag's exact parallel readers) are
-printed apart when there are any.
+set (VmHWM), or, when it ran processes of its own (HTA's pool; perfdiag's helper that
+reads a large trace's tail), the peak of the whole process tree's summed resident sets,
+sampled every 5 ms (shared libraries are counted once per process: an upper bound).
 
     .venv/bin/python benchmarks/kineto_vs_hta.py [--rounds 3] [--repeat 6 15] [--decoders]
 """
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -76,7 +78,7 @@ r = resource.getrusage
 meta = load_run(sys.argv[2]).manifest.extra["kineto"]["files"][0]
 assert meta["front_end"] == "fast", meta["front_end"]  # the fast front end read it
 print(json.dumps({"imports_s": t1 - t0, "import_s": t2 - t1, "timeline_s": t3 - t2,
-                  "events": s.events, "spans": rep.spans,
+                  "events": s.events, "spans": rep.spans, "workers": meta["workers"],
                   "rss_mb": hwm_mb(),
                   "children_rss_mb": r(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
@@ -190,11 +192,44 @@ def repeated(src: Path, k: int, dst: Path) -> int:
     return len(out)
 
 
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(x.split()[1]) for x in f if x.startswith("VmRSS:")), 0)
+    except OSError:  # it has just ended
+        return 0
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            continue
+    return out
+
+
 def run_child(py, code: str, *args) -> dict:
-    r = subprocess.run([str(py), "-c", code, *map(str, args)], capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"child failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """Run a child to its end; its JSON line, with `tree_mb`: the peak of its process
+    tree's summed resident sets (sampled every 5 ms)."""
+    proc = subprocess.Popen([str(py), "-c", code, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, sum(_rss_kb(p) for p in [proc.pid, *_descendants(proc.pid)]))
+        time.sleep(0.005)
+    out, err = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"child failed: {err[-2000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["tree_mb"] = peak / 1024
+    return result
 
 
 def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
@@ -212,12 +247,13 @@ def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
     hs = statistics.median(x["parse_s"] for x in h)
     pi = statistics.median(x["import_s"] for x in p)
     pt = statistics.median(x["import_s"] + x["timeline_s"] for x in p)
-    hm = max(x["rss_mb"] for x in h)
-    pm = max(x["rss_mb"] for x in p)
+    # A child's own peak, or its process tree's summed peak when it had processes.
+    hm = max(max(x["rss_mb"], x["tree_mb"]) if x["children_rss_mb"] else x["rss_mb"] for x in h)
+    pm = max(max(x["rss_mb"], x["tree_mb"]) if x["children_rss_mb"] else x["rss_mb"] for x in p)
     hc = max(x["children_rss_mb"] for x in h)
     pc = max(x["children_rss_mb"] for x in p)
     return {"trace": trace.name, "events": events, "hta_s": hs, "import_s": pi, "total_s": pt,
-            "paired": paired,
+            "paired": paired, "workers": sorted({x["workers"] for x in p}),
             "hta_mb": hm, "perfdiag_mb": pm, "hta_children_mb": hc,
             "perfdiag_children_mb": pc}  # fmt: skip
 
@@ -267,8 +303,8 @@ def main() -> None:
         print(f"{r['trace']:<18} {r['events']:>9,} {r['hta_s']:>11.2f} {r['import_s']:>17.2f} "
               f"{r['total_s']:>11.2f} {alone:>6.2f}x /{total:>5.2f}x "
               f"{r['hta_mb']:>7.0f} {r['perfdiag_mb']:>11.0f}"
-              + (f"  (children: HTA {r['hta_children_mb']:.0f} MB, perfdiag "
-                 f"{r['perfdiag_children_mb']:.0f} MB)"
+              + (f"  (children's own peaks: HTA {r['hta_children_mb']:.0f} MB, perfdiag "
+                 f"{r['perfdiag_children_mb']:.0f} MB; the MB columns sum each tree)"
                  if r["hta_children_mb"] or r["perfdiag_children_mb"] else ""))  # fmt: skip
     print(
         "speed-up: HTA's parse time / perfdiag's import alone, / import + timeline "
@@ -278,7 +314,8 @@ def main() -> None:
     for r in rows:
         ratios = r["paired"]
         print(f"  {r['trace']:<18} median {statistics.median(ratios):.2f}x, "
-              f"rounds {', '.join(f'{x:.2f}' for x in ratios)}")  # fmt: skip
+              f"rounds {', '.join(f'{x:.2f}' for x in ratios)}; perfdiag read it with "
+              f"{' or '.join(map(str, r['workers']))} process(es)")  # fmt: skip
     if decoders:
         print(f"\nJSON decoders on the {n_big:,}-event text (decompressed once; build/hta-venv):")
     for name, (secs, n) in decoders.items():

@@ -25,8 +25,9 @@ def import_trace(
     jobs: Annotated[
         int | None,
         typer.Option(
-            help="Processes per large trace when the exact reader reads it (the fast one is a "
-            "single process; default: one per core, at most 4).",
+            help="Processes per large trace: 1 reads every file in this process; by default "
+            "the fast reader hands a large trace's tail to one helper process, and the exact "
+            "reader (for files the fast one refuses) uses one per core, at most 4.",
             min=1,
             max=256,
         ),

@@ -44,7 +44,7 @@ from ..errors import ConfigError, PerfdiagError, RunFormatError
 from . import environment
 from .layout import LOCK_FILE, TABLES_DIR, parquet_path, stream_path
 from .manifest import COMPLETE, CRASHED, INTERRUPTED, RUNNING, Manifest, write_manifest
-from .schema import ROW_TYPES, SCHEMA_VERSION, STORAGE_SCHEMAS
+from .schema import ROW_TYPES, SCHEMA_VERSION, STORAGE_SCHEMAS, batch_from_rows
 from .stream import (
     CHECKSUMS,
     CHECKSUMS_KEY,
@@ -178,14 +178,14 @@ class TableAppender:
 
     def _to_batch(self, rows: list[tuple]) -> pa.RecordBatch:
         try:
-            return _rows_to_batch(rows, self.schema)
+            return batch_from_rows(rows, self.schema)
         except (pa.ArrowException, ValueError, TypeError):
             pass
         # Rare path: keep every good row, count the bad ones (the trust gate reports them).
         good = []
         for row in rows:
             try:
-                _rows_to_batch([row], self.schema)
+                batch_from_rows([row], self.schema)
                 good.append(row)
             except (pa.ArrowException, ValueError, TypeError) as e:
                 self.dropped += 1
@@ -193,7 +193,9 @@ class TableAppender:
                     self.first_error = f"{self.name}: {e} in row {row!r}"[:500]
                     warnings.warn(f"perfdiag dropped a malformed {self.first_error}", stacklevel=1)
         return (
-            _rows_to_batch(good, self.schema) if good else self.schema.empty_table().to_batches()[0]
+            batch_from_rows(good, self.schema)
+            if good
+            else self.schema.empty_table().to_batches()[0]
         )
 
 
@@ -206,18 +208,7 @@ def _is_text(t: pa.DataType) -> bool:
 def rows_to_batch(rows: list[tuple], table: str) -> pa.RecordBatch:
     """Convert row tuples of `table` to a record batch in its storage schema (for
     `TableAppender.append_batch`). Raises on a malformed row."""
-    return _rows_to_batch(rows, STORAGE_SCHEMAS[table])
-
-
-def _rows_to_batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:
-    # Converting the tuples as one struct array is the fastest transpose pyarrow offers
-    # (zip(*rows) costs more than the conversion itself). A tuple of the wrong width is
-    # an ArrowInvalid here, never a silently shifted column.
-    batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=pa.struct(list(schema))))
-    for field, column in zip(schema, batch.columns, strict=True):
-        if not field.nullable and column.null_count:
-            raise ValueError(f"column {field.name} may not be null")
-    return batch.cast(schema) if batch.schema != schema else batch
+    return batch_from_rows(rows, STORAGE_SCHEMAS[table])
 
 
 # A run id: the UTC second it began and 6 hex digits, then a label (the workload): a

@@ -32,6 +32,7 @@ from .chrome_stream import ChromeTraceStream, TraceFormatError
 from .kineto_events import FastReadFailed, KinetoFileReader
 from .kineto_identity import assign_ranks, is_perfdiag_export, late_identity, read_identity
 from .kineto_parallel import ParallelReadFailed, is_object_document, plan_workers, read_parallel
+from .kineto_split import SplitRead, SplitReadFailed, plan_split
 
 RECORDED_BY = "pytorch-profiler (kineto)"
 
@@ -137,15 +138,21 @@ def import_kineto(
     ids = [read_identity(p, need_base=len(files) > 1) for p in files]
     warnings = assign_ranks(ids, ranks)
     bases = [i.base_time_ns or 0 for i in ids] if len(files) > 1 else [None]
-    # The fast front end first; a file it cannot read is read again by the exact one
-    # (in parallel when large), and a parallel read that cannot be trusted by one process.
-    modes = iter(([("fast", 1)] if fast else []) + [("exact", jobs), ("exact", 1)])
-    mode = next(modes)
+    # The fast front end first (a large file's tail read by a helper process); a file it
+    # cannot read is read again by the exact one (in parallel when large); a split or
+    # parallel read that cannot be trusted is done again by one process.
+    mode = ("fast" if fast else "exact", jobs)
     while True:
         try:
             summary = _write_run(files, ids, tmp, bases, command, copy_raw, mode, warnings)
-        except (FastReadFailed, ParallelReadFailed):
-            mode = next(modes)
+        except SplitReadFailed:
+            mode = ("fast", 1)
+            continue
+        except FastReadFailed:
+            mode = ("exact", jobs)
+            continue
+        except ParallelReadFailed:
+            mode = ("exact", 1)
             continue
         except _LateIdentity as late:  # the file's tail said who it is: read it again
             ids[late.index] = late.identity
@@ -178,7 +185,7 @@ def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, mode, warn
         spans, counters = writer.table("spans"), writer.table("counters")
         for i, path in enumerate(files):
             offset = 0 if bases[0] is None else bases[i] - bases[0]
-            fs, header, meta = _read_file(path, ids[i], offset, spans, counters, mode)
+            fs, header, meta = _read_file(path, ids[i], offset, spans, counters, mode, tmp)
             if (late := late_identity(ids[i], header)) is not None:
                 raise _LateIdentity(i, late)
             if bases[0] is not None and fs.base_time_ns != bases[i]:
@@ -238,7 +245,7 @@ class _LateIdentity(Exception):
         self.index, self.identity = index, identity
 
 
-def _read_file(path: Path, ident, offset: int, spans, counters, mode):
+def _read_file(path: Path, ident, offset: int, spans, counters, mode, scratch: Path):
     """One file's rows into the tables; `mode`: (front end, parallel jobs)."""
     front_end, jobs = mode
     rank = ident.rank
@@ -284,6 +291,11 @@ def _read_file(path: Path, ident, offset: int, spans, counters, mode):
             "front_end": "exact",
         }
         return fs, header, _file_meta(path, fs, extra, header)
+    split = None
+    if front_end == "fast" and plan_split(path, jobs) and is_object_document(path):
+        split = SplitRead(path, rank=rank, offset=offset, flags=flags,
+                          scratch=scratch / ".split", add_spans=spans.append_batch,
+                          add_counters=counters.append_batch)  # fmt: skip
     reader = KinetoFileReader(
         path,
         spans.append,
@@ -293,7 +305,11 @@ def _read_file(path: Path, ident, offset: int, spans, counters, mode):
         add_spans=spans.append_batch,
         **flags,
     )
-    reader.read(fast=front_end == "fast")
+    try:
+        reader.read(fast=front_end == "fast", split=split)
+    finally:
+        if split is not None:
+            split.close()
     header = reader.stream.header
     fs = FileSummary(
         str(path),
@@ -309,7 +325,7 @@ def _read_file(path: Path, ident, offset: int, spans, counters, mode):
         "processes": reader.processes,
         "threads": reader.threads,
         "profiler_windows": reader.profiler_windows,
-        "workers": 1,
+        "workers": 1 if split is None or not split.helper_events else 2,
         "front_end": reader.front_end,
     }
     return fs, header, _file_meta(path, fs, extra, header)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..writer import STORAGE_SCHEMAS
+from ..schema import STORAGE_SCHEMAS
 from .kineto_events import (
     _COMM_ANNOTATION,
     _COMM_KERNEL,

@@ -182,15 +182,18 @@ class KinetoFileReader:
         """Called as the events begin: the header before them names the rank."""
         self.rank = self.rank_of(self.stream.header)
 
-    def read(self, *, start: int = 0, stop: int | None = None, fast: bool = False) -> None:
+    def read(
+        self, *, start: int = 0, stop: int | None = None, fast: bool = False, split=None
+    ) -> None:
         """Read the file (or the character range of its events, see ChromeTraceStream).
-        `fast`: through the native decoder (whole files only); raises FastReadFailed
-        when it cannot read the file, after which the caller discards what it was handed
-        and reads again with `fast=False`."""
+        `fast`: through the native decoder (whole files only, its tail perhaps by a
+        helper process: `split`, see kineto_split.py); raises FastReadFailed when it
+        cannot read the file, after which the caller discards what it was handed and
+        reads again with `fast=False`."""
         if fast and start == 0 and stop is None:
             from .kineto_fast import read_fast  # imports this module: loaded when used
 
-            read_fast(self)
+            read_fast(self, split=split)
             return
         self._read_exact(start, stop)
 

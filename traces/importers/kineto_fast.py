@@ -20,7 +20,7 @@ from itertools import compress
 import numpy as np
 import pyarrow as pa
 
-from .chrome_stream import BatchDecodeFailed
+from .chrome_stream import BatchDecodeFailed, StopCutFailed
 from .kineto_columns import span_batch
 from .kineto_events import FastReadFailed
 from .kineto_structs import ARGS, NO_ARGS, ONE_ARGS, RAW_EVENTS, DecodeError
@@ -110,16 +110,28 @@ def _add_batch(reader, batch: list) -> None:
     reader.add_spans(record_batch)
 
 
-def read_fast(reader) -> None:
-    """Read `reader`'s whole file through its row builder (KinetoFileReader._add)."""
+def read_fast(reader, *, start: int = 0, split=None) -> None:
+    """Read `reader`'s whole file through its row builder (KinetoFileReader._add); from
+    the first event at or after character `start` (a split read's second range) when
+    given. `split` (kineto_split.SplitRead): a helper process reads the file's tail
+    while this one reads up to where they agree to cut."""
     reader.front_end = "fast"
+    stream = reader.stream
     try:
-        for batch in reader.stream.events(on_start=reader._start, decode_batch=_decode):
+        for batch in stream.events(on_start=reader._start, start=start, decode_batch=_decode):
             _add_batch(reader, batch)
+            if split is not None:
+                split.between_batches(reader)
+    except StopCutFailed as e:  # this file can be read, only not cut there
+        from .kineto_split import SplitReadFailed
+
+        raise SplitReadFailed(str(e)) from None
     except BatchDecodeFailed as e:
         raise FastReadFailed(str(e)) from None
     except RecursionError:  # nested past msgspec's depth: the exact reader skips such events
         raise FastReadFailed("an event nested too deeply") from None
     if reader.rank is None:
         reader._start()
+    if split is not None:
+        split.join(reader)
     reader.finish()
