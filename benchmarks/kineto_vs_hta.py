@@ -6,10 +6,13 @@ HTA and the decoders live in their own environment (build/hta-venv, made here on
 use from PyPI) so they cannot disturb perfdiag's. Traces: the shared real V100 training
 trace (68,692 events) and the same trace's events repeated K times (times shifted past
 the previous copy, correlation/flow/External ids and step numbers offset): a real
-trace's content at 100k–1M events. Peak memory is each child's own high-water resident
-set (VmHWM), or, when it ran processes of its own (HTA's pool; perfdiag's helper that
-reads a large trace's tail), the peak of the whole process tree's summed resident sets,
-sampled every 5 ms (shared libraries are counted once per process: an upper bound).
+trace's content at 100k–1M events.
+
+Peak memory: each tool's largest of its own high-water resident set (VmHWM) in the timed
+rounds and, from one more untimed round, the peak of its process tree's summed
+proportional set sizes (PSS: a page shared by two processes, as a fork's are, counts
+half in each), sampled every 10 ms. The tree counts when a tool runs processes of its
+own: HTA's pool, perfdiag's helper that reads a large trace's tail.
 
     .venv/bin/python benchmarks/kineto_vs_hta.py [--rounds 3] [--repeat 6 15] [--decoders]
 """
@@ -192,10 +195,10 @@ def repeated(src: Path, k: int, dst: Path) -> int:
     return len(out)
 
 
-def _rss_kb(pid: int) -> int:
+def _pss_kb(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(x.split()[1]) for x in f if x.startswith("VmRSS:")), 0)
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next((int(x.split()[1]) for x in f if x.startswith("Pss:")), 0)
     except OSError:  # it has just ended
         return 0
 
@@ -215,15 +218,16 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def run_child(py, code: str, *args) -> dict:
-    """Run a child to its end; its JSON line, with `tree_mb`: the peak of its process
-    tree's summed resident sets (sampled every 5 ms)."""
+def run_child(py, code: str, *args, tree: bool = False) -> dict:
+    """Run a child to its end: its JSON line. `tree`: also `tree_mb`, the peak of its
+    process tree's summed PSS, sampled every 10 ms (the sampling costs CPU: an untimed
+    round's)."""
     proc = subprocess.Popen([str(py), "-c", code, *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     peak = 0
-    while proc.poll() is None:
-        peak = max(peak, sum(_rss_kb(p) for p in [proc.pid, *_descendants(proc.pid)]))
-        time.sleep(0.005)
+    while tree and proc.poll() is None:
+        peak = max(peak, sum(_pss_kb(p) for p in [proc.pid, *_descendants(proc.pid)]))
+        time.sleep(0.01)
     out, err = proc.communicate()
     if proc.returncode:
         raise SystemExit(f"child failed: {err[-2000:]}")
@@ -248,8 +252,12 @@ def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
     pi = statistics.median(x["import_s"] for x in p)
     pt = statistics.median(x["import_s"] + x["timeline_s"] for x in p)
     # A child's own peak, or its process tree's summed peak when it had processes.
-    hm = max(max(x["rss_mb"], x["tree_mb"]) if x["children_rss_mb"] else x["rss_mb"] for x in h)
-    pm = max(max(x["rss_mb"], x["tree_mb"]) if x["children_rss_mb"] else x["rss_mb"] for x in p)
+    # Memory: the timed rounds' own peaks, and one untimed round's process tree.
+    h_tree = run_child(hta_py, HTA_CHILD, hta_dir, tree=True)
+    p_tree = run_child(sys.executable, PERFDIAG_CHILD, trace, tmp / f"run-{trace.stem}-mem",
+                       tree=True)  # fmt: skip
+    hm = max(max(x["rss_mb"] for x in h), h_tree["tree_mb"])
+    pm = max(max(x["rss_mb"] for x in p), p_tree["tree_mb"])
     hc = max(x["children_rss_mb"] for x in h)
     pc = max(x["children_rss_mb"] for x in p)
     return {"trace": trace.name, "events": events, "hta_s": hs, "import_s": pi, "total_s": pt,
@@ -304,7 +312,7 @@ def main() -> None:
               f"{r['total_s']:>11.2f} {alone:>6.2f}x /{total:>5.2f}x "
               f"{r['hta_mb']:>7.0f} {r['perfdiag_mb']:>11.0f}"
               + (f"  (children's own peaks: HTA {r['hta_children_mb']:.0f} MB, perfdiag "
-                 f"{r['perfdiag_children_mb']:.0f} MB; the MB columns sum each tree)"
+                 f"{r['perfdiag_children_mb']:.0f} MB)"
                  if r["hta_children_mb"] or r["perfdiag_children_mb"] else ""))  # fmt: skip
     print(
         "speed-up: HTA's parse time / perfdiag's import alone, / import + timeline "

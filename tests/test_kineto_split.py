@@ -15,7 +15,7 @@ import perfdiag
 from perfdiag.traces.importers import kineto_split
 from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.importers.kineto_events import KinetoFileReader
-from perfdiag.traces.importers.kineto_split import SplitRead, SplitReadFailed
+from perfdiag.traces.importers.kineto_split import Helper, SplitRead, SplitReadFailed
 
 KINETO = Path(__file__).resolve().parents[2] / "shared" / "data" / "kineto"
 V100 = KINETO / "v100_train_ns_resolution.json.gz"
@@ -43,9 +43,10 @@ def _read(path: Path, tmp: Path, cut: float | int | None):
     reader = KinetoFileReader(path, spans.append, lambda row: counters.append(tuple(row)),
                               rank_of=lambda h: 3, time_offset_ns=7,
                               add_spans=span_batch)  # fmt: skip
-    split = None
+    split = helper = None
     if cut is not None:
-        split = SplitRead(path, rank=3, offset=7, flags={}, scratch=tmp / "split",
+        helper = Helper()
+        split = SplitRead(helper, path, rank=3, offset=7, flags={}, scratch=tmp / "split",
                           add_spans=span_batch, add_counters=counter_batch)  # fmt: skip
     try:
         with (
@@ -57,6 +58,7 @@ def _read(path: Path, tmp: Path, cut: float | int | None):
     finally:
         if split is not None:
             split.close()
+            helper.close()
     s = reader.stream
     counts = (reader.spans_by_category, reader.skipped, reader.processes, reader.threads,
               reader.profiler_windows, reader.flows_linked, reader.unresolved, s.header,
@@ -65,10 +67,14 @@ def _read(path: Path, tmp: Path, cut: float | int | None):
 
 
 @pytest.mark.skipif(not V100.exists(), reason="../shared/data/kineto is not here")
-@pytest.mark.parametrize(("path", "cut"), [(V100, 0.3), (V100, 0.77), (NCCL, 0.5)],
-                         ids=["v100-0.3", "v100-0.77", "nccl-0.5"])  # fmt: skip
-def test_split_read_gives_the_one_process_rows(tmp_path, path, cut):
-    spans, counters, counts, split = _read(path, tmp_path, cut)
+@pytest.mark.parametrize(("path", "cut", "fork"),
+                         [(V100, 0.3, True), (V100, 0.77, True), (NCCL, 0.5, True),
+                          (V100, 0.5, False)],
+                         ids=["v100-0.3", "v100-0.77", "nccl-0.5", "v100-0.5-fresh"])  # fmt: skip
+def test_split_read_gives_the_one_process_rows(tmp_path, path, cut, fork):
+    with mock.patch.object(kineto_split, "FORK", fork):  # False: a fresh interpreter
+        spans, counters, counts, split = _read(path, tmp_path, cut)
+    assert split.helper.forked == fork
     assert split.state == "reading" and split.helper_events > 0  # the helper read the tail
     one = _read(path, tmp_path, None)
     assert len(spans) == len(one[0])
@@ -188,20 +194,49 @@ def test_fallbacks_end_with_the_one_process_run(tmp_path):
         _read(path, tmp_path, cut)
     meta = _same_run(tmp_path / "fooled", path, cut)
     assert meta["front_end"] == "fast" and meta["workers"] == 1
-    # A helper that cannot start: this process reads alone.
+    # A helper that cannot start (a fresh interpreter that exits): this process reads alone.
     path = _trace(tmp_path / "plain.json", 60_000)
-    with mock.patch.object(kineto_split, "_BOOT", "raise SystemExit(3)"):
+    with (
+        mock.patch.object(kineto_split, "FORK", False),
+        mock.patch.object(kineto_split, "_BOOT", "raise SystemExit(3)"),
+    ):
         assert _same_run(tmp_path / "dead", path)["workers"] == 1
 
 
+def test_one_helper_reads_the_tail_of_every_large_file(tmp_path):
+    paths = []
+    for rank in (0, 1):
+        path = _trace(tmp_path / f"rank{rank}.json", 40_000 + 8_000 * rank)
+        doc = json.loads(path.read_text())
+        doc["distributedInfo"] = {"rank": rank, "world_size": 2}
+        path.write_text(json.dumps(doc))
+        paths.append(path)
+    with (
+        mock.patch.object(kineto_split, "READY_WAIT_S", 60.0),
+        mock.patch.object(kineto_split, "SPLIT_MIN_CHARS", 0),
+        mock.patch.object(kineto_split, "MIN_TAIL_CHARS", 0),
+        mock.patch.object(kineto_split, "cut_after", _at(0.4)),
+    ):
+        import_kineto(paths, tmp_path / "split")
+    import_kineto(paths, tmp_path / "one", jobs=1)
+    a, b = perfdiag.load_run(tmp_path / "split"), perfdiag.load_run(tmp_path / "one")
+    assert a.spans.equals(b.spans) and sorted(a.spans["rank"].unique()) == [0, 1]
+    files = a.manifest.extra["kineto"]["files"]
+    assert [f["workers"] for f in files] == [2, 2]
+
+
 def test_the_cut_balances_the_helpers_skipping():
-    # This process keeps more than half of what is left, since the helper must first
-    # skip (decompress) everything before the cut; both then finish together.
+    # The further this process has read, the larger its share of what is left, since the
+    # helper must first skip (decompress) everything before the cut; both then finish
+    # together (this process also writes its rows as it goes: MAIN_COST).
+    shares = []
     for pos in (0, 400, 800):
         cut = kineto_split.cut_after(pos, 1000)
         mine, helper = cut - pos, 1000 - cut
-        assert mine > helper
-        assert abs(mine - (kineto_split.SKIP_COST * cut + helper)) <= 2
+        shares.append(mine / (1000 - pos))
+        cost = kineto_split.MAIN_COST * mine
+        assert abs(cost - (kineto_split.SKIP_COST * cut + helper)) <= 2
+    assert shares == sorted(shares) and shares[-1] > 0.5
     assert kineto_split.cut_after(900, 1000) is None  # the helper would read next to nothing
 
 

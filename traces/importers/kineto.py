@@ -32,7 +32,7 @@ from .chrome_stream import ChromeTraceStream, TraceFormatError
 from .kineto_events import FastReadFailed, KinetoFileReader
 from .kineto_identity import assign_ranks, is_perfdiag_export, late_identity, read_identity
 from .kineto_parallel import ParallelReadFailed, is_object_document, plan_workers, read_parallel
-from .kineto_split import SplitRead, SplitReadFailed, plan_split
+from .kineto_split import Helper, SplitRead, SplitReadFailed, plan_split
 
 RECORDED_BY = "pytorch-profiler (kineto)"
 
@@ -142,23 +142,30 @@ def import_kineto(
     # cannot read is read again by the exact one (in parallel when large); a split or
     # parallel read that cannot be trusted is done again by one process.
     mode = ("fast" if fast else "exact", jobs)
-    while True:
-        try:
-            summary = _write_run(files, ids, tmp, bases, command, copy_raw, mode, warnings)
-        except SplitReadFailed:
-            mode = ("fast", 1)
-            continue
-        except FastReadFailed:
-            mode = ("exact", jobs)
-            continue
-        except ParallelReadFailed:
-            mode = ("exact", 1)
-            continue
-        except _LateIdentity as late:  # the file's tail said who it is: read it again
-            ids[late.index] = late.identity
-            warnings = assign_ranks(ids, ranks)
-            continue
-        break
+    # Started before the run's writer, whose thread would rule out forking it.
+    helper = Helper() if fast and any(plan_split(p, jobs) for p in files) else None
+    try:
+        while True:
+            try:
+                summary = _write_run(files, ids, tmp, bases, command, copy_raw, mode, warnings,
+                                     helper if mode == ("fast", jobs) else None)  # fmt: skip
+            except SplitReadFailed:
+                mode = ("fast", 1)
+                continue
+            except FastReadFailed:
+                mode = ("exact", jobs)
+                continue
+            except ParallelReadFailed:
+                mode = ("exact", 1)
+                continue
+            except _LateIdentity as late:  # the file's tail said who it is: read it again
+                ids[late.index] = late.identity
+                warnings = assign_ranks(ids, ranks)
+                continue
+            break
+    finally:
+        if helper is not None:
+            helper.close()
     release_freed_memory()  # the decoded events: the analysis that follows starts lower
     try:
         os.rename(tmp, out)
@@ -170,7 +177,7 @@ def import_kineto(
     return summary
 
 
-def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, mode, warnings):
+def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, mode, warnings, helper):
     writer = RunWriter(
         tmp,
         command=command,
@@ -185,7 +192,8 @@ def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, mode, warn
         spans, counters = writer.table("spans"), writer.table("counters")
         for i, path in enumerate(files):
             offset = 0 if bases[0] is None else bases[i] - bases[0]
-            fs, header, meta = _read_file(path, ids[i], offset, spans, counters, mode, tmp)
+            fs, header, meta = _read_file(path, ids[i], offset, spans, counters, mode, tmp,
+                                          helper)  # fmt: skip
             if (late := late_identity(ids[i], header)) is not None:
                 raise _LateIdentity(i, late)
             if bases[0] is not None and fs.base_time_ns != bases[i]:
@@ -245,8 +253,9 @@ class _LateIdentity(Exception):
         self.index, self.identity = index, identity
 
 
-def _read_file(path: Path, ident, offset: int, spans, counters, mode, scratch: Path):
-    """One file's rows into the tables; `mode`: (front end, parallel jobs)."""
+def _read_file(path: Path, ident, offset: int, spans, counters, mode, scratch: Path, helper):
+    """One file's rows into the tables; `mode`: (front end, parallel jobs); `helper`:
+    the process that may read a large file's tail (see kineto_split.py), or None."""
     front_end, jobs = mode
     rank = ident.rank
     export = is_perfdiag_export(ident.header)
@@ -292,8 +301,8 @@ def _read_file(path: Path, ident, offset: int, spans, counters, mode, scratch: P
         }
         return fs, header, _file_meta(path, fs, extra, header)
     split = None
-    if front_end == "fast" and plan_split(path, jobs) and is_object_document(path):
-        split = SplitRead(path, rank=rank, offset=offset, flags=flags,
+    if helper is not None and plan_split(path, jobs) and is_object_document(path):
+        split = SplitRead(helper, path, rank=rank, offset=offset, flags=flags,
                           scratch=scratch / ".split", add_spans=spans.append_batch,
                           add_counters=counters.append_batch)  # fmt: skip
     reader = KinetoFileReader(
