@@ -6,6 +6,8 @@ import still ends with the one-process read's run."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 from unittest import mock
 
@@ -72,7 +74,11 @@ def _read(path: Path, tmp: Path, cut: float | int | None):
                           (V100, 0.5, False)],
                          ids=["v100-0.3", "v100-0.77", "nccl-0.5", "v100-0.5-fresh"])  # fmt: skip
 def test_split_read_gives_the_one_process_rows(tmp_path, path, cut, fork):
-    with mock.patch.object(kineto_split, "FORK", fork):  # False: a fresh interpreter
+    with (
+        mock.patch.object(kineto_split, "FORK", fork),  # False: a fresh interpreter
+        # An earlier test's library thread (tqdm's monitor) would rule the fork out.
+        mock.patch.object(kineto_split, "_single_threaded", lambda: True),
+    ):
         spans, counters, counts, split = _read(path, tmp_path, cut)
     assert split.helper.forked == fork
     assert split.state == "reading" and split.helper_events > 0  # the helper read the tail
@@ -240,9 +246,64 @@ def test_the_cut_balances_the_helpers_skipping():
     assert kineto_split.cut_after(900, 1000) is None  # the helper would read next to nothing
 
 
+def test_a_process_with_other_threads_starts_a_fresh_helper():
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        helper = Helper()
+        try:
+            assert not helper.forked
+            assert helper.receive(wait=60.0) == {"ready": True}
+        finally:
+            helper.close()
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_small_traces_and_one_job_are_not_split(tmp_path):
     path = _trace(tmp_path / "t.json", 3_000)
     assert not kineto_split.plan_split(path, None)  # below the size worth a helper
     with mock.patch.object(kineto_split, "SPLIT_MIN_CHARS", 0):
         assert kineto_split.plan_split(path, None) == (kineto_split.usable_cpus() >= 2)
         assert not kineto_split.plan_split(path, 1)
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh"])
+def test_an_error_mid_split_leaves_no_helper_behind(tmp_path, fork):
+    path = _trace(tmp_path / "t.json", 60_000)
+    seen = []
+
+    def failing_sink(batch):
+        seen.append(batch)
+        if len(seen) == 3:
+            raise RuntimeError("disk full")
+
+    with (
+        mock.patch.object(kineto_split, "FORK", fork),
+        mock.patch.object(kineto_split, "_single_threaded", lambda: True),
+    ):
+        helper = Helper()
+    assert helper.forked == fork
+    split = SplitRead(helper, path, rank=0, offset=0, flags={}, scratch=tmp_path / "split",
+                      add_spans=failing_sink, add_counters=failing_sink)  # fmt: skip
+    reader = KinetoFileReader(path, seen.append, seen.append, rank_of=lambda h: 0,
+                              add_spans=failing_sink)  # fmt: skip
+    with (
+        mock.patch.object(kineto_split, "READY_WAIT_S", 60.0),
+        mock.patch.object(kineto_split, "MIN_TAIL_CHARS", 0),
+        mock.patch.object(kineto_split, "cut_after", _at(0.9)),
+        mock.patch("perfdiag.traces.importers.chrome_stream.BATCH_CHARS", 1 << 16),
+    ):
+        try:
+            with pytest.raises(RuntimeError, match="disk full"):
+                reader.read(fast=True, split=split)
+            assert split.state == "reading"  # the helper was given the tail
+        finally:
+            split.close()
+            helper.close()
+            helper.close()  # closing twice is harmless
+    with pytest.raises(ProcessLookupError):
+        os.kill(helper.pid, 0)  # stopped and reaped
+    assert not (tmp_path / "split").exists()

@@ -30,6 +30,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -86,6 +87,12 @@ def cut_after(pos: int, total: int) -> int | None:
     return pos + int(share * left) if share <= 0.9 else None
 
 
+def _single_threaded() -> bool:
+    """No Python thread but this one: no lock a fork's child could find held (a
+    library's thread, say tqdm's monitor, rules the fork out)."""
+    return threading.active_count() == 1
+
+
 class Helper:
     """The helper process of one import: reads the tail of one file per job it is sent
     (`serve`). Start it before the run's writer (whose thread rules out a fork).
@@ -93,10 +100,9 @@ class Helper:
 
     def __init__(self):
         self.ready = False  # idle, waiting for a job
-        self.dead = False
+        self.dead = self.closed = False
         # Linux only: elsewhere system libraries are not fork-safe (macOS's frameworks).
-        linux = sys.platform.startswith("linux")
-        self.forked = FORK and linux and threading.active_count() == 1
+        self.forked = FORK and sys.platform.startswith("linux") and _single_threaded()
         if self.forked:
             from . import kineto_fast  # noqa: F401 - loaded once, shared with the fork
 
@@ -144,20 +150,21 @@ class Helper:
         return json.loads(line)
 
     def close(self) -> None:
-        if self.dead and not self.forked:
-            self.proc.wait()
+        """Stop it, whatever it is doing (an unfinished job's files are the caller's to
+        remove), and reap it. Once."""
+        if self.closed:
+            return
+        self.closed = self.dead = True
         for f in (self.stdin, self.stdout):
             with contextlib.suppress(OSError):
                 f.close()
         if self.forked:
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, 9)
-                os.waitpid(self.pid, 0)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
         else:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            self.proc.kill()
             self.proc.wait()
-        self.dead = True
 
 
 class SplitRead:
