@@ -237,9 +237,3 @@ def _stall(pid: int, stall_s: float, period_s: float, stop: threading.Event) -> 
         finally:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGCONT)
-
-
-def machine_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1

@@ -23,8 +23,8 @@ from ..engine_ref.hooks import (
     StepEvent,
 )
 from ..errors import ConfigError
+from ..traces.environment import machine_cores
 from .client import ClientResult
-from .faults import machine_cores
 from .recorder import RunRecorder
 
 

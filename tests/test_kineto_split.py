@@ -266,7 +266,7 @@ def test_small_traces_and_one_job_are_not_split(tmp_path):
     path = _trace(tmp_path / "t.json", 3_000)
     assert not kineto_split.plan_split(path, None)  # below the size worth a helper
     with mock.patch.object(kineto_split, "SPLIT_MIN_CHARS", 0):
-        assert kineto_split.plan_split(path, None) == (kineto_split.usable_cpus() >= 2)
+        assert kineto_split.plan_split(path, None) == (kineto_split.machine_cores() >= 2)
         assert not kineto_split.plan_split(path, 1)
 
 

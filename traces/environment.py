@@ -19,6 +19,14 @@ from pathlib import Path
 
 from .._version import __version__
 
+
+def machine_cores() -> int:
+    """The cores this process may run on (its affinity where the OS says; else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 PACKAGES = (
     "torch",
     "triton",

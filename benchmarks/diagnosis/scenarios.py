@@ -26,11 +26,12 @@ from perfdiag import load_run
 from perfdiag.analyzers.findings import Triage
 from perfdiag.playbooks.evaluate import run_triage
 from perfdiag.playbooks.facts import TriageContext
-from perfdiag.probes.faults import FaultOptions, burning, machine_cores
+from perfdiag.probes.faults import FaultOptions, burning
 from perfdiag.probes.run_options import EngineOptions, ProbeOptions, RunOptions
 from perfdiag.probes.session import record_run
 from perfdiag.probes.workload import ArrivalSpec, LengthSpec, PrefixSpec, WorkloadSpec
 from perfdiag.probes.workload_library import DEFAULT_WORKLOAD, load_workload
+from perfdiag.traces.environment import machine_cores
 
 HEALTHY = "none critical"  # what a healthy run must show
 PROBES_ACCOUNTED = "gate names the probes"  # the gate names them; no engine finding blames them

@@ -23,6 +23,7 @@ import pyarrow as pa
 from .chrome_stream import BatchDecodeFailed, StopCutFailed
 from .kineto_columns import span_batch
 from .kineto_events import FastReadFailed
+from .kineto_split import SplitReadFailed
 from .kineto_structs import ARGS, NO_ARGS, ONE_ARGS, RAW_EVENTS, DecodeError
 
 
@@ -123,8 +124,6 @@ def read_fast(reader, *, start: int = 0, split=None) -> None:
             if split is not None:
                 split.between_batches(reader)
     except StopCutFailed as e:  # this file can be read, only not cut there
-        from .kineto_split import SplitReadFailed
-
         raise SplitReadFailed(str(e)) from None
     except BatchDecodeFailed as e:
         raise FastReadFailed(str(e)) from None

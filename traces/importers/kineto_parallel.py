@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from ..writer import rows_to_batch
+from ..schema import STORAGE_SCHEMAS, batch_from_rows
 from .compressed import GZIP_MAGIC, open_trace
 from .kineto_events import KinetoFileReader
 
@@ -71,11 +71,14 @@ def plan_workers(path: Path, jobs: int | None) -> int:
     return max(1, min(most, chars // MIN_CHARS_PER_WORKER))
 
 
-class _Batcher:
-    __slots__ = ("conn", "rows", "tag")
+class RowBatcher:
+    """A table's rows gathered into record batches in its storage schema, each handed to
+    `sink` once it holds BATCH_ROWS rows (and at `flush`)."""
 
-    def __init__(self, conn, tag: str):
-        self.conn, self.tag, self.rows = conn, tag, []
+    __slots__ = ("rows", "schema", "sink")
+
+    def __init__(self, table: str, sink):
+        self.schema, self.sink, self.rows = STORAGE_SCHEMAS[table], sink, []
 
     def append(self, row) -> None:
         rows = self.rows
@@ -83,16 +86,22 @@ class _Batcher:
         if len(rows) >= BATCH_ROWS:
             self.flush()
 
+    def append_batch(self, batch) -> None:
+        """Rows already in a batch, after those gathered so far."""
+        self.flush()
+        self.sink(batch)
+
     def flush(self) -> None:
         if self.rows:
-            # Arrow batches pickle as IPC buffers: far cheaper to send than tuples.
-            self.conn.send((self.tag, rows_to_batch(self.rows, self.tag)))
+            self.sink(batch_from_rows(self.rows, self.schema))
             self.rows = []
 
 
 def _work(path: str, start: int, stop: int | None, rank, offset: int, flags: dict, conn) -> None:
     try:
-        spans, counters = _Batcher(conn, "spans"), _Batcher(conn, "counters")
+        # Arrow batches pickle as IPC buffers: far cheaper to send than tuples.
+        spans = RowBatcher("spans", lambda b: conn.send(("spans", b)))
+        counters = RowBatcher("counters", lambda b: conn.send(("counters", b)))
         reader = KinetoFileReader(
             path,
             spans.append,

@@ -37,8 +37,13 @@ import threading
 import warnings
 from pathlib import Path
 
-from .kineto_events import FastReadFailed
-from .kineto_parallel import text_size_estimate
+import pyarrow as pa
+
+from ..environment import machine_cores
+from ..schema import STORAGE_SCHEMAS
+from .chrome_stream import TraceFormatError
+from .kineto_events import FastReadFailed, KinetoFileReader
+from .kineto_parallel import RowBatcher, text_size_estimate
 
 SPLIT_MIN_CHARS = 16 << 20  # below ~75k events the hand-over costs what the helper saves
 MIN_TAIL_CHARS = 4 << 20  # the least left to hand over when the helper is ready
@@ -61,18 +66,11 @@ class SplitReadFailed(Exception):
     """The split read cannot be trusted: read the file in one process instead."""
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def plan_split(path: Path, jobs: int | None) -> bool:
     """Whether a helper process should read `path`'s tail (`jobs`: 1 forbids it)."""
     if jobs is not None and jobs <= 1:
         return False
-    return usable_cpus() >= 2 and text_size_estimate(path) >= SPLIT_MIN_CHARS
+    return machine_cores() >= 2 and text_size_estimate(path) >= SPLIT_MIN_CHARS
 
 
 def cut_after(pos: int, total: int) -> int | None:
@@ -242,8 +240,6 @@ class SplitRead:
         reader.threads.update(done["threads"])
         reader.profiler_windows += [tuple(w) for w in done["profiler_windows"]]
         self.helper_events = done["events"]
-        import pyarrow as pa
-
         for table in _TABLES:
             path = self.scratch / f"{table}.arrows"
             if path.exists():
@@ -258,37 +254,18 @@ class SplitRead:
 
 
 # -- the helper process ---------------------------------------------------------------------
-class _TableFile:
-    """A table's rows as an Arrow IPC stream file, in its storage schema."""
+class _IpcFile:
+    """Record batches written to an Arrow IPC stream file (created with the first)."""
 
-    def __init__(self, path: Path, schema):
-        self.path, self.schema, self.rows, self.writer = path, schema, [], None
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.path, self.schema, self.writer = path, schema, None
 
-    def append(self, row: tuple) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= 16384:
-            self._flush()
-
-    def append_batch(self, batch) -> None:
-        self._flush()
-        self._write(batch)
-
-    def _flush(self) -> None:
-        if self.rows:
-            from ..schema import batch_from_rows
-
-            self._write(batch_from_rows(self.rows, self.schema))
-            self.rows = []
-
-    def _write(self, batch) -> None:
-        import pyarrow as pa
-
+    def write(self, batch: pa.RecordBatch) -> None:
         if self.writer is None:
             self.writer = pa.ipc.new_stream(str(self.path), self.schema)
         self.writer.write_batch(batch)
 
     def close(self) -> None:
-        self._flush()
         if self.writer is not None:
             self.writer.close()
 
@@ -352,23 +329,22 @@ def serve(inp, out_fd: int) -> None:
 def _read_tail(job: dict) -> dict:
     """One job: the file's events from character `start` on, as the one-process read
     would have handed them on (rows in the scratch directory's IPC files)."""
-    from ..schema import STORAGE_SCHEMAS
-    from .chrome_stream import TraceFormatError
-    from .kineto_events import KinetoFileReader
-    from .kineto_fast import read_fast
+    from .kineto_fast import read_fast  # which imports this module: loaded when used
 
     scratch = Path(job["scratch"])
-    files = {t: _TableFile(scratch / f"{t}.arrows", STORAGE_SCHEMAS[t]) for t in _TABLES}
+    files = {t: _IpcFile(scratch / f"{t}.arrows", STORAGE_SCHEMAS[t]) for t in _TABLES}
+    tables = {t: RowBatcher(t, files[t].write) for t in _TABLES}
     rank = job["rank"]
     reader = KinetoFileReader(
-        job["path"], files["spans"].append, files["counters"].append,
+        job["path"], tables["spans"].append, tables["counters"].append,
         rank_of=lambda _h: rank, time_offset_ns=job["offset"],
-        add_spans=files["spans"].append_batch, **job["flags"],
+        add_spans=tables["spans"].append_batch, **job["flags"],
     )  # fmt: skip
     try:
         read_fast(reader, start=job["start"], split=_Watch())
-        for f in files.values():
-            f.close()
+        for t in _TABLES:
+            tables[t].flush()
+            files[t].close()
     except (FastReadFailed, TraceFormatError) as e:
         return {"error": f"{type(e).__name__}: {e}", "kind": "fast"}
     except Exception as e:  # reported: the importer reads alone
