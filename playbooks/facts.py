@@ -96,6 +96,7 @@ def load_registry() -> dict[str, FactSpec]:
         facts_resources,
         facts_scheduling,
         facts_server,
+        facts_target,
     )
 
     return FACTS

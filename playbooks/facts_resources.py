@@ -11,8 +11,10 @@ from ..analyzers.findings import IdList
 from ..analyzers.host import probe_stalls
 from ..analyzers.replicas import busiest_replica
 from ..analyzers.scheduler import KV_FULL, kv_pool, pool_blocks
+from ..analyzers.server_settings import ServerSettings
 from .advice import NO_ADVICE, kv_advice
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
+from .facts_target import server_prefix_hits
 
 GAP_CAUSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
 
@@ -363,6 +365,9 @@ def ranks(ctx: TriageContext) -> Fact:
         "prefix_cache",
         "missed_pct",
         "cost_ms",
+        "source",
+        "block",
+        "cache_advice",
     ),
 )
 def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
@@ -377,37 +382,42 @@ def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
     length = spec.get("length") if isinstance(spec, dict) else None
     if not length:
         return Unavailable("the run does not record its shared-prefix length")
-    block = ctx.engine_setting("block_size", "cache", "block_size") or 1
+    evidence_of = _prefix_evidence(ctx, grouped)
+    if isinstance(evidence_of, Unavailable):
+        return evidence_of
+    hits, block, setting, source, advice = evidence_of
     prompt = grouped["prompt_tokens"].to_numpy("float64", na_value=np.nan)
     reusable = np.minimum(length // block * block, np.nan_to_num(prompt) - 1).clip(min=0)
     first = ~grouped["prefix_group"].duplicated().to_numpy()  # the first of each group computes it
     shareable = float(reusable[~first].sum())
-    hits = float(np.nansum(grouped["cached_tokens"].to_numpy("float64", na_value=np.nan)))
     total = float(np.nansum(req["prompt_tokens"].to_numpy("float64", na_value=np.nan)))
     missed = max(0.0, shareable - hits)
     value = share(missed, total)
     cache = ctx.get("cache")
     per_token = cache.cost_per_prefill_token_s if cache is not None else float("nan")
-    setting = ctx.engine_setting("prefix_cache", "cache", "enable_prefix_caching")
     evidence = (
+        ev("source", "evidence from", source),
         ev("groups", "prefix groups", int(grouped["prefix_group"].nunique())),
         ev("grouped", "requests in a group", len(grouped)),
         ev("prefix_len", "shared prefix", int(length), "tokens"),
+        ev("block", "tokens per cache block", int(block)),
         ev("shareable", "prompt tokens that could hit", int(shareable), "tokens"),
         ev("hits", "prompt tokens that hit", int(hits), "tokens"),
         ev("hit_pct", "hit / could hit", share(hits, shareable), "%"),
         ev("prefix_cache", "prefix caching", {True: "on", False: "off"}.get(setting, "unknown")),
         ev("missed_pct", "prompt tokens recomputed needlessly", value, "%"),
         ev("cost_ms", "estimated prefill time lost", ms(missed * per_token), "ms"),
+        ev("cache_advice", "advice", advice),
     )
-    zero = grouped[grouped["cached_tokens"].fillna(0).to_numpy() == 0]
+    cached = grouped["cached_tokens"]
+    zero = grouped[(cached.fillna(0).to_numpy() == 0) & cached.notna().to_numpy()]
     ids = (
         IdList(
             "request", "grouped requests with no hit", tuple(zero["request_id"].astype(str).head(5))
         ),
     )
     action = None
-    if setting is False:
+    if setting is False and "server" not in ctx.config:
         action = run_action(
             "ttft.p50",
             Setting("engine.prefix_cache", False, True),
@@ -420,6 +430,43 @@ def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
         impact=value if finite(value) else 0.0,
         action=action,
     )
+
+
+def _prefix_evidence(ctx: TriageContext, grouped):
+    """(prompt tokens that hit, block size, prefix caching on?, source, advice) from the
+    engine's record (cached tokens per request) or else the server's own counters; never
+    from an empty column."""
+    cached = grouped["cached_tokens"]
+    events = ctx.run.request_events
+    if cached.notna().any() or (events["side"] == "engine").to_numpy().any():
+        hits = float(np.nansum(cached.to_numpy("float64", na_value=np.nan)))
+        block = ctx.engine_setting("block_size", "cache", "block_size") or 1
+        setting = ctx.engine_setting("prefix_cache", "cache", "enable_prefix_caching")
+        advice = (
+            "Turn on prefix caching (--prefix-cache); if it is on, give the pool room to keep "
+            "the hot prefixes. A cache-aware policy (--policy prefix) raises reuse; watch "
+            "fairness for cold prefixes."
+        )
+        return hits, block, setting, "engine record (cached tokens per request)", advice
+    server = server_prefix_hits(ctx)
+    if server is None:
+        return Unavailable("neither the engine's record nor the server's metrics say how many "
+                           "prompt tokens hit the prefix cache")  # fmt: skip
+    hits, _queried, source = server
+    settings = ServerSettings.of(ctx.config)
+    block = settings.get("block_size") or 1
+    setting = settings.get("enable_prefix_caching")
+    knob = settings.knob("enable_prefix_caching") or "prefix caching"
+    if setting is False:
+        advice = f"Turn on prefix caching: {knob} (the launch turned it off)."
+    else:
+        state = "on" if setting else "in an unknown state"
+        advice = (
+            f"Prefix caching is {state}: keep shared prefixes at least one block ({block} "
+            "tokens) long and byte-identical at the start of the prompt, and give the KV "
+            "cache room to keep the hot prefixes."
+        )
+    return hits, block, setting, source, advice
 
 
 @fact("cache_hits", provides=("hit_pct", "device_tokens", "swap_tokens", "saved_ms", "saved_pct"))

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..analyzers.intervals import union
 from .facts import Fact, TriageContext, Unavailable, ev, fact, ms
+from .facts_target import server_batches
 
 # Streams overlapping in less than this share of the time ≥ 2 requests were in flight: the
 # server served one at a time (a batching server's streams overlap most of that time; the
@@ -47,6 +48,9 @@ def serial_server(ctx: TriageContext) -> Fact | Unavailable:
         return ctx.missing("metrics")
     if m.basis != "client" or (ctx.run.steps is not None and len(ctx.run.steps)):
         return Unavailable("the engine's own record shows how it batches (steps, queue)")
+    running = server_batches(ctx)
+    if running is not None and running > 1:  # its own gauge: no inference from the timing
+        return Unavailable(f"the server's metrics show it running {running} requests at once")
     pr = m.per_request
     ok = pr[(pr["outcome"] == "ok") & np.isfinite(pr["ttft_s"]) & np.isfinite(pr["e2e_s"])]
     if len(ok) < MIN_REQUESTS:

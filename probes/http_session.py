@@ -29,6 +29,7 @@ from ..traces.manifest import COMPLETE, CRASHED, INTERRUPTED
 from ..traces.writer import RunWriter
 from .client import ClientResult, Progress, drive
 from .http_target import HttpTarget
+from .metrics_scrape import MetricsScraper
 from .recorder import RunRecorder
 from .run_options import RunOptions
 from .session import ProgressCallback, SessionResult, _claim_directory, _report
@@ -169,33 +170,6 @@ def steal_pct(before, after) -> float | None:
     return 100.0 * (after.steal - before.steal) / total if total > 0 else None
 
 
-async def scrape_metrics(target: HttpTarget, append, period_s: float) -> None:
-    """The target's /metrics → counters (gauges, counters, histogram sums and counts)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    url = f"{target.url}/metrics"
-    while True:
-        t0 = time.monotonic_ns()
-        try:
-            async with target.session.get(url, headers=target._headers()) as resp:
-                if resp.status == 404:
-                    return  # the server has no metrics: stop asking
-                text = await resp.text() if resp.status == 200 else ""
-        except Exception:  # a scrape that fails never fails the run
-            text = ""
-        ts = (t0 + time.monotonic_ns()) // 2
-        with contextlib.suppress(ValueError):
-            for family in text_string_to_metric_families(text):
-                for s in family.samples:
-                    if s.name.endswith(("_bucket", "_created")):
-                        continue
-                    labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())
-                                      if k not in ("model_name", "engine"))  # fmt: skip
-                    name = f"{s.name}{{{labels}}}" if labels else s.name
-                    append((name, ts, float(s.value), "target"))
-        await asyncio.sleep(period_s)
-
-
 def record_http_run(options: RunOptions, out_dir: Path, command: list[str] | None = None,
                     on_progress: ProgressCallback | None = None, progress_interval_s: float = 0.25,
                     *, http: HttpOptions) -> SessionResult:  # fmt: skip
@@ -240,9 +214,11 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         counters = writer.table("counters").append
         monitor = LoopMonitor(counters)
         tasks.append(asyncio.create_task(monitor.run()))
+        scraper = None
         if http.scrape_period_s:
-            tasks.append(asyncio.create_task(scrape_metrics(target, counters,
-                                                            http.scrape_period_s)))  # fmt: skip
+            scraper = MetricsScraper(target.session, f"{target.url}/metrics", counters,
+                                     http.scrape_period_s, target._headers())  # fmt: skip
+            tasks.append(asyncio.create_task(scraper.run()))
         if on_progress is not None:
             tasks.append(asyncio.create_task(_report(progress, on_progress, interval)))
         try:

@@ -1,0 +1,366 @@
+"""Facts about a server perfdiag drove but did not write (`perfdiag run --target/--launch`),
+from the server's own /metrics over the measured requests (analyzers/server_metrics.py) and
+its launch arguments (analyzers/server_settings.py), beside the client's timing.
+
+Each fact says where its figures come from (evidence `source`): "server metrics (names)",
+"launch arguments", "client". Where the server does not export what a fact needs, the fact
+is Unavailable with that reason: a missing series is never read as zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..analyzers.server_metrics import ServerMetrics, server_metrics
+from ..analyzers.server_settings import ServerSettings
+from .facts import Fact, TriageContext, Unavailable, ev, fact, ms, share
+
+# A gauge "at" a level: the share of scrapes with requests waiting in which it held.
+HELD = 0.5
+KV_FULL = 0.9  # KV usage from which admission waits for blocks (vLLM admits below 100 %)
+
+
+def server_record(ctx: TriageContext):
+    """(ServerMetrics over the measured requests, those requests, ServerSettings), or
+    Unavailable when the run holds no scrape of the server's metrics."""
+    if "server_record" in ctx.memo:
+        return ctx.memo["server_record"]
+    ctx.memo["server_record"] = result = _server_record(ctx)
+    return result
+
+
+def _server_record(ctx: TriageContext):
+    m = ctx.get("metrics")
+    if m is None:
+        return ctx.missing("metrics")
+    if m.basis != "client":
+        return Unavailable("an engine run: its own record is read instead of server metrics")
+    pr = m.per_request
+    measured = pr[(~pr["is_warmup"].to_numpy(bool)) & (pr["outcome"] == "ok").to_numpy()]
+    measured = measured[np.isfinite(measured["ttft_s"].to_numpy(np.float64))]
+    if not len(measured):
+        return Unavailable("no completed measured request")
+    sent = measured["sent_ns"].to_numpy(np.int64)
+    end = sent + np.nan_to_num(measured["e2e_s"].to_numpy(np.float64)) * 1e9
+    sm = server_metrics(ctx.run, int(sent.min()), int(end.max()))
+    if sm is None:
+        return Unavailable("the run scraped no server metrics (the server has no /metrics, "
+                           "or the run was recorded with the scrape off)")  # fmt: skip
+    return sm, measured, ServerSettings.of(ctx.config, sm.server)
+
+
+def _need(rec, *histograms: str) -> Unavailable | None:
+    if isinstance(rec, Unavailable):
+        return rec
+    sm = rec[0]
+    lacking = [h for h in histograms if h not in sm.histograms or sm.histograms[h].count <= 0]
+    if lacking:
+        return Unavailable(f"the server's metrics have no {', '.join(lacking)} histogram "
+                           f"({sm.server})")  # fmt: skip
+    return None
+
+
+def _quantile_text(sm: ServerMetrics, name: str, q: float) -> str:
+    est, lo, hi = sm.histograms[name].quantile(q)
+    if not math.isfinite(est):
+        return "not measured"
+    hi_text = "∞" if math.isinf(hi) else f"{hi * 1e3:.0f}"
+    return f"{est * 1e3:.0f} ms (bucket {lo * 1e3:.0f}–{hi_text} ms)"
+
+
+# -- step 3: TTFT split by the server's own record ---------------------------------------------
+@fact(
+    "server_ttft_parts",
+    provides=("source", "ttft_ms", "server_ttft_ms", "queue_ms", "prefill_ms", "frontend_ms",
+              "outside_ms", "queue_p50", "server_ttft_p50", "requests", "server_requests",
+              "binding", "limit_advice"),
+)  # fmt: skip
+def server_ttft_parts(ctx: TriageContext) -> Fact | Unavailable:
+    """The share of the client's mean TTFT the server reports as queue time (its
+    `request_queue_time` histogram), with the rest split into prefill, the server's
+    front end (tokenisation, IPC: its TTFT beyond queue and prefill) and the time outside
+    the server (client and network: the client's TTFT beyond the server's)."""
+    rec = server_record(ctx)
+    lacking = _need(rec, "queue_s", "prefill_s", "ttft_s")
+    if lacking is not None:
+        return lacking
+    sm, measured, settings = rec
+    h = sm.histograms
+    ttft = float(measured["ttft_s"].mean())
+    queue, prefill, server_ttft = h["queue_s"].mean, h["prefill_s"].mean, h["ttft_s"].mean
+    binding, advice = _queue_binding(sm, settings, measured)
+    evidence = (
+        ev("source", "evidence from", sm.source("queue_s", "prefill_s", "ttft_s") + "; client"),
+        ev("ttft_ms", "TTFT at the client (mean)", ms(ttft), "ms"),
+        ev("server_ttft_ms", "TTFT in the server (mean)", ms(server_ttft), "ms"),
+        ev("queue_ms", "server queue (mean)", ms(queue), "ms"),
+        ev("prefill_ms", "server prefill (mean)", ms(prefill), "ms"),
+        ev(
+            "frontend_ms",
+            "server front end: TTFT − queue − prefill",
+            ms(server_ttft - queue - prefill),
+            "ms",
+        ),
+        ev("outside_ms", "client and network: client − server TTFT", ms(ttft - server_ttft), "ms"),
+        ev("queue_p50", "server queue p50 (from buckets)", _quantile_text(sm, "queue_s", 0.5)),
+        ev("server_ttft_p50", "server TTFT p50 (from buckets)", _quantile_text(sm, "ttft_s", 0.5)),
+        ev("requests", "measured requests (client)", len(measured)),
+        ev("server_requests", "requests in the server's histograms", int(h["queue_s"].count)),
+        ev("binding", "what held the queue", binding),
+        ev("limit_advice", "advice", advice),
+    )
+    value = share(queue, ttft)
+    return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0)
+
+
+def _queue_binding(sm: ServerMetrics, settings: ServerSettings, measured) -> tuple[str, str]:
+    """What held requests waiting, from the gauges at scrapes where some waited."""
+    waiting, running = sm.gauge("waiting"), sm.gauge("running")
+    if waiting is None or running is None or not (waiting > 0).any():
+        return "not seen (no scrape caught a request waiting)", "No limit to raise was seen."
+    cap = _cap(sm, settings)
+    at_cap = _held_at(sm, cap)
+    kv = sm.gauge("kv_usage")
+    queued = waiting > 0
+    kv_full = float((kv[queued] >= KV_FULL).mean()) if kv is not None else float("nan")
+    if at_cap is not None and at_cap >= HELD:
+        knob = settings.knob("max_num_seqs") or "the sequence cap"
+        advice = f"Raise {knob} (now {cap}): see the server-seq-cap finding for a value."
+        return f"the sequence cap ({knob} {cap})", advice
+    if math.isfinite(kv_full) and kv_full >= HELD:
+        return "KV cache capacity", "Give the KV cache more memory: see server-kv-pressure."
+    return "no single limit (arrivals above the server's throughput)", (
+        "Lower the offered load or add capacity; find the capacity with perfdiag capacity."
+    )
+
+
+def _cap(sm: ServerMetrics, settings: ServerSettings) -> int | None:
+    cap = settings.get("max_num_seqs")
+    if cap is None and sm.gauge("max_running") is not None:
+        cap = int(sm.gauge("max_running").max())
+    return int(cap) if isinstance(cap, int | float) else None
+
+
+def _held_at(sm: ServerMetrics, cap: int | None) -> float | None:
+    """Share of the scrapes with requests waiting in which `running` was at `cap`."""
+    waiting, running = sm.gauge("waiting"), sm.gauge("running")
+    if cap is None or waiting is None or running is None:
+        return None
+    queued = (waiting > 0).reindex(running.index, fill_value=False)
+    if not queued.any():
+        return None
+    return float((running[queued] >= cap).mean())
+
+
+@fact(
+    "server_seq_cap",
+    provides=("source", "cap", "cap_source", "held_pct", "waiting_mean", "waiting_peak",
+              "queue_ms", "ttft_ms", "suggested", "kv_concurrency", "advice"),
+)  # fmt: skip
+def server_seq_cap(ctx: TriageContext) -> Fact | Unavailable:
+    """The share of the client's mean TTFT spent in the server's queue while the server ran
+    as many requests as its sequence cap allows (the cap, not the hardware, held them).
+    In a closed loop with more clients than the cap the queue is structural."""
+    rec = server_record(ctx)
+    lacking = _need(rec, "queue_s")
+    if lacking is not None:
+        return lacking
+    sm, measured, settings = rec
+    cap = _cap(sm, settings)
+    if cap is None:
+        return Unavailable("the server's sequence cap is not recorded (launch it with perfdiag "
+                           "run --launch, or its metrics do not state it)")  # fmt: skip
+    held = _held_at(sm, cap)
+    if held is None:
+        return Unavailable("no scrape caught a request waiting (no queue to attribute)")
+    waiting, running = sm.gauge("waiting"), sm.gauge("running")
+    peak = int((running + waiting.reindex(running.index, fill_value=0)).max())
+    ttft = float(measured["ttft_s"].mean())
+    queue = sm.histograms["queue_s"].mean
+    value = share(queue * held, ttft)
+    concurrency = settings.get("kv_cache_max_concurrency")
+    suggested = max(peak, cap + 1)
+    knob = settings.knob("max_num_seqs") or "the sequence cap"
+    advice = f"{knob} {suggested} (now {cap}; {peak} requests were in the server at the peak)"
+    if isinstance(concurrency, int | float) and concurrency < suggested:
+        advice += (f"; the KV cache holds about {concurrency:.0f} full-length requests, so give "
+                   "it more memory too or expect preemptions")  # fmt: skip
+    evidence = (
+        ev(
+            "source",
+            "evidence from",
+            sm.source("queue_s", "running", "waiting")
+            + "; "
+            + f"cap from {settings.source('max_num_seqs')}",
+        ),
+        ev("cap", "sequence cap", cap),
+        ev("cap_source", "cap stated by", settings.source("max_num_seqs")),
+        ev("held_pct", "scrapes with a queue where running was at the cap", held, "%"),
+        ev("waiting_mean", "requests waiting (mean over scrapes)", float(waiting.mean())),
+        ev("waiting_peak", "requests waiting (peak)", int(waiting.max())),
+        ev("queue_ms", "server queue (mean)", ms(queue), "ms"),
+        ev("ttft_ms", "TTFT at the client (mean)", ms(ttft), "ms"),
+        ev("suggested", "a cap to try", suggested),
+        ev(
+            "kv_concurrency",
+            "full-length requests the KV cache holds",
+            concurrency if concurrency is not None else "not stated",
+        ),
+        ev("advice", "advice", advice),
+    )
+    return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0)
+
+
+# -- step 4: KV pressure --------------------------------------------------------------------
+@fact(
+    "server_kv_pressure",
+    provides=("source", "preemptions", "requests", "kv_peak_pct", "kv_full_pct",
+              "capacity_waiting_pct", "num_blocks", "block_size", "advice"),
+)  # fmt: skip
+def server_kv_pressure(ctx: TriageContext) -> Fact | Unavailable:
+    """Preemptions per finished request, from the server's own counter: running requests
+    evicted because the KV cache ran out of blocks (their work is redone or waits)."""
+    rec = server_record(ctx)
+    if isinstance(rec, Unavailable):
+        return rec
+    sm, measured, settings = rec
+    if "preemptions" not in sm.counters:
+        return Unavailable(f"the server's metrics have no preemption counter ({sm.server})")
+    finished = sm.counters.get("requests_finished") or float(len(measured))
+    preemptions = sm.counters["preemptions"]
+    kv = sm.gauge("kv_usage")
+    kv_peak = float(kv.max()) if kv is not None and len(kv) else float("nan")
+    kv_full = float((kv >= KV_FULL).mean()) if kv is not None and len(kv) else float("nan")
+    cap_wait = sm.gauge("waiting_capacity")
+    capacity_share = (float((cap_wait > 0).mean()) if cap_wait is not None and len(cap_wait)
+                      else float("nan"))  # fmt: skip
+    blocks, block = settings.get("num_blocks"), settings.get("block_size")
+    advice = _kv_advice(ctx, settings, blocks, block, measured, sm)
+    evidence = (
+        ev("source", "evidence from", sm.source("preemptions", "kv_usage", "waiting_capacity")),
+        ev("preemptions", "preemptions", int(preemptions)),
+        ev("requests", "requests finished (server)", int(finished)),
+        ev("kv_peak_pct", "KV cache usage (peak)", kv_peak, "%"),
+        ev("kv_full_pct", f"scrapes with KV usage ≥ {KV_FULL:.0%}", kv_full, "%"),
+        ev(
+            "capacity_waiting_pct",
+            "scrapes with requests waiting for capacity",
+            capacity_share,
+            "%",
+        ),
+        ev("num_blocks", "KV blocks", blocks if blocks is not None else "not stated"),
+        ev("block_size", "tokens per block", block if block is not None else "not stated"),
+        ev("advice", "advice", advice),
+    )
+    value = preemptions / finished if finished > 0 else 0.0
+    return Fact(value, evidence, impact=min(1.0, value))
+
+
+def _kv_advice(ctx, settings: ServerSettings, blocks, block, measured, sm) -> str:
+    on_gpu = bool(ctx.run.manifest.environment.get("gpus"))
+    knob = settings.kv_knob(on_gpu) or "the KV cache's memory"
+    running = sm.gauge("running")
+    peak = int(running.max()) if running is not None and len(running) else None
+    tokens = measured["prompt_tokens"].to_numpy(np.float64) + measured["output_tokens"].to_numpy(
+        np.float64
+    )
+    if not (isinstance(blocks, int) and isinstance(block, int) and peak and len(tokens)):
+        return f"Give the KV cache more memory ({knob}), or lower the sequence cap."
+    per_request = math.ceil(float(np.nanmax(tokens)) / block)
+    needed = peak * per_request
+    need = (f"{needed} blocks of {block} tokens ({peak} requests × {per_request} blocks at "
+            "their longest)")  # fmt: skip
+    if "num_gpu_blocks_override" in settings.args:  # the launch capped the pool, not memory
+        override = settings.knob("num_blocks") or "the block-count override"
+        advice = f"{override} {needed} or drop it (now {blocks}): the load needs about {need}"
+    else:
+        advice = f"{knob}: room for about {need}, against {blocks} now"
+        kv_bytes = settings.get("kv_cache_memory_bytes")
+        if isinstance(kv_bytes, int | float) and kv_bytes > 0 and blocks > 0:
+            want = kv_bytes * needed / blocks
+            advice += f" (≈ {want / 2**30:.2f} GiB of KV cache, {kv_bytes / 2**30:.2f} GiB now)"
+    return advice + "; or lower the sequence cap so fewer requests share the pool."
+
+
+# -- step 3: prompts sliced by the token budget -----------------------------------------------
+@fact(
+    "server_budget_slicing",
+    provides=("source", "budget", "prompt_tokens", "steps_per_prompt", "step_ms", "extra_ms",
+              "prefill_ms", "ttft_ms", "suggested", "advice"),
+)  # fmt: skip
+def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
+    """The share of the client's mean TTFT spent in the extra steps a prompt is cut into
+    by the server's per-step token budget: each step beyond the first costs about what a
+    step without prefill costs (weights read, launch, the running decodes: the server's
+    inter-token latency), whatever the slice holds."""
+    rec = server_record(ctx)
+    lacking = _need(rec, "itl_s")
+    if lacking is not None:
+        return lacking
+    sm, measured, settings = rec
+    budget = settings.get("max_num_batched_tokens")
+    if not isinstance(budget, int) or budget <= 0:
+        return Unavailable("the server's token budget is not recorded (launch it with perfdiag "
+                           "run --launch)")  # fmt: skip
+    prompts = measured["prompt_tokens"].to_numpy(np.float64)
+    prompts = prompts[np.isfinite(prompts)]
+    if not len(prompts):
+        return Unavailable("the run records no prompt lengths")
+    steps = np.ceil(prompts / budget)
+    step_s = sm.histograms["itl_s"].quantile(0.5)[0]  # a step that adds one token
+    extra = float(np.mean(steps - 1)) * step_s
+    ttft = float(measured["ttft_s"].mean())
+    value = share(extra, ttft)
+    longest = int(np.max(prompts))
+    suggested = max(budget * 2, 1 << math.ceil(math.log2(longest + 64)))
+    knob = settings.knob("max_num_batched_tokens") or "the token budget"
+    advice = (f"{knob} {suggested} (now {budget}; prompts up to {longest} tokens then fit one "
+              "step). A larger budget lengthens the steps that running decodes share: "
+              f"{settings.knob('long_prefill_token_threshold') or 'a per-request prefill cap'} "
+              "keeps long prompts from filling whole steps if ITL suffers")  # fmt: skip
+    prefill = sm.histograms["prefill_s"].mean if "prefill_s" in sm.histograms else float("nan")
+    evidence = (
+        ev(
+            "source",
+            "evidence from",
+            f"launch arguments (budget); {sm.source('itl_s', 'prefill_s')}; "
+            "client (prompt lengths)",
+        ),
+        ev("budget", "tokens per step (budget)", budget),
+        ev("prompt_tokens", "prompt tokens (mean)", float(prompts.mean())),
+        ev("steps_per_prompt", "steps per prompt (mean)", float(steps.mean())),
+        ev("step_ms", "a step without prefill (server ITL p50)", ms(step_s), "ms"),
+        ev("extra_ms", "extra steps' cost per request", ms(extra), "ms"),
+        ev("prefill_ms", "server prefill (mean)", ms(prefill), "ms"),
+        ev("ttft_ms", "TTFT at the client (mean)", ms(ttft), "ms"),
+        ev("suggested", "a budget to try", suggested),
+        ev("advice", "advice", advice),
+    )
+    return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0)
+
+
+def server_prefix_hits(ctx: TriageContext) -> tuple[float, float, str] | None:
+    """(prompt tokens that hit, prompt tokens queried, source) from the server's counters
+    over the measured requests; None when the server exports no prefix-cache counters."""
+    rec = server_record(ctx)
+    if isinstance(rec, Unavailable):
+        return None
+    sm = rec[0]
+    if "prefix_hits" in sm.counters and "prefix_queries" in sm.counters:
+        return (sm.counters["prefix_hits"], sm.counters["prefix_queries"],
+                sm.source("prefix_hits", "prefix_queries"))  # fmt: skip
+    if "prompt_tokens_cached" in sm.counters and "prompt_tokens" in sm.counters:
+        return (sm.counters["prompt_tokens_cached"], sm.counters["prompt_tokens"],
+                sm.source("prompt_tokens_cached", "prompt_tokens"))  # fmt: skip
+    return None
+
+
+def server_batches(ctx: TriageContext) -> int | None:
+    """The most requests the server's own gauge showed running at once (None: no gauge)."""
+    rec = server_record(ctx)
+    if isinstance(rec, Unavailable):
+        return None
+    running = rec[0].gauge("running")
+    return int(running.max()) if running is not None and len(running) else None
