@@ -14,8 +14,8 @@ from aiohttp import web
 
 from perfdiag.probes.client import drive
 from perfdiag.probes.http_session import LoopMonitor
-from perfdiag.probes.metrics_scrape import MetricsScraper
 from perfdiag.probes.http_target import HttpTarget, ids_to_text
+from perfdiag.probes.metrics_scrape import MetricsScraper
 from perfdiag.probes.workload import ArrivalSpec, LengthSpec, WorkloadSpec, plan
 
 SEEN = web.AppKey("seen", list)

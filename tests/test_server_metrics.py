@@ -103,12 +103,13 @@ def test_a_run_without_server_scrapes_has_no_server_metrics(tmp_path):
 
 
 def test_settings_come_from_the_launch_then_the_servers_info():
-    config = {"server": {"kind": "vllm",
-                         "launch": {"args": {"max_num_seqs": 2, "enable_prefix_caching": False},
-                                    "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
-                         "info": {"vllm:cache_config_info": {"block_size": "128",
-                                                             "num_gpu_blocks": "364",
-                                                             "enable_prefix_caching": "True"}}}}  # fmt: skip
+    cache_info = {"block_size": "128", "num_gpu_blocks": "364", "enable_prefix_caching": "True"}
+    launch = {
+        "args": {"max_num_seqs": 2, "enable_prefix_caching": False},
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+    }
+    info = {"vllm:cache_config_info": cache_info}
+    config = {"server": {"kind": "vllm", "launch": launch, "info": info}}
     s = ServerSettings.of(config)
     assert s.get("max_num_seqs") == 2 and s.source("max_num_seqs") == "launch arguments"
     assert s.get("block_size") == 128 and s.source("block_size") == "the server's info metrics"
