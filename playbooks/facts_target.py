@@ -1,5 +1,5 @@
 """Facts about a server perfdiag drove but did not write (`perfdiag run --target/--launch`),
-from the server's own /metrics over the measured requests (analyzers/server_metrics.py) and
+from the server's own /metrics over the run's requests (analyzers/server_metrics.py) and
 its launch arguments (analyzers/server_settings.py), beside the client's timing.
 
 Each fact says where its figures come from (evidence `source`): "server metrics (names)",
@@ -23,7 +23,7 @@ KV_FULL = 0.9  # KV usage from which admission waits for blocks (vLLM admits bel
 
 
 def server_record(ctx: TriageContext):
-    """(ServerMetrics over the measured requests, those requests, ServerSettings), or
+    """(ServerMetrics over the run's requests, the completed ones, ServerSettings), or
     Unavailable when the run holds no scrape of the server's metrics."""
     if "server_record" in ctx.memo:
         return ctx.memo["server_record"]
@@ -37,18 +37,19 @@ def _server_record(ctx: TriageContext):
         return ctx.missing("metrics")
     if m.basis != "client":
         return Unavailable("an engine run: its own record is read instead of server metrics")
+    # Every request the client sent, warm-up included: the scrapes bracket the whole run,
+    # so the server's histograms hold them all, and like is compared with like.
     pr = m.per_request
-    measured = pr[(~pr["is_warmup"].to_numpy(bool)) & (pr["outcome"] == "ok").to_numpy()]
-    measured = measured[np.isfinite(measured["ttft_s"].to_numpy(np.float64))]
-    if not len(measured):
-        return Unavailable("no completed measured request")
-    sent = measured["sent_ns"].to_numpy(np.int64)
-    end = sent + np.nan_to_num(measured["e2e_s"].to_numpy(np.float64)) * 1e9
-    sm = server_metrics(ctx.run, int(sent.min()), int(end.max()))
+    ok = pr[(pr["outcome"] == "ok").to_numpy() & np.isfinite(pr["ttft_s"].to_numpy(np.float64))]
+    if not len(ok):
+        return Unavailable("no completed request")
+    sent = pr["sent_ns"].dropna().to_numpy(np.int64)
+    end = ok["sent_ns"].to_numpy(np.int64) + np.nan_to_num(ok["e2e_s"].to_numpy(np.float64)) * 1e9
+    sm = server_metrics(ctx.run, int(sent.min()), int(max(end.max(), sent.max())))
     if sm is None:
         return Unavailable("the run scraped no server metrics (the server has no /metrics, "
                            "or the run was recorded with the scrape off)")  # fmt: skip
-    return sm, measured, ServerSettings.of(ctx.config, sm.server)
+    return sm, ok, ServerSettings.of(ctx.config, sm.server)
 
 
 def _need(rec, *histograms: str) -> Unavailable | None:
@@ -86,11 +87,11 @@ def server_ttft_parts(ctx: TriageContext) -> Fact | Unavailable:
     lacking = _need(rec, "queue_s", "prefill_s", "ttft_s")
     if lacking is not None:
         return lacking
-    sm, measured, settings = rec
+    sm, served, settings = rec
     h = sm.histograms
-    ttft = float(measured["ttft_s"].mean())
+    ttft = float(served["ttft_s"].mean())
     queue, prefill, server_ttft = h["queue_s"].mean, h["prefill_s"].mean, h["ttft_s"].mean
-    binding, advice = _queue_binding(sm, settings, measured)
+    binding, advice = _queue_binding(sm, settings, served)
     evidence = (
         ev("source", "evidence from", sm.source("queue_s", "prefill_s", "ttft_s") + "; client"),
         ev("ttft_ms", "TTFT at the client (mean)", ms(ttft), "ms"),
@@ -106,7 +107,7 @@ def server_ttft_parts(ctx: TriageContext) -> Fact | Unavailable:
         ev("outside_ms", "client and network: client − server TTFT", ms(ttft - server_ttft), "ms"),
         ev("queue_p50", "server queue p50 (from buckets)", _quantile_text(sm, "queue_s", 0.5)),
         ev("server_ttft_p50", "server TTFT p50 (from buckets)", _quantile_text(sm, "ttft_s", 0.5)),
-        ev("requests", "measured requests (client)", len(measured)),
+        ev("requests", "requests completed (client, warm-up included)", len(served)),
         ev("server_requests", "requests in the server's histograms", int(h["queue_s"].count)),
         ev("binding", "what held the queue", binding),
         ev("limit_advice", "advice", advice),
@@ -115,7 +116,7 @@ def server_ttft_parts(ctx: TriageContext) -> Fact | Unavailable:
     return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0)
 
 
-def _queue_binding(sm: ServerMetrics, settings: ServerSettings, measured) -> tuple[str, str]:
+def _queue_binding(sm: ServerMetrics, settings: ServerSettings, served) -> tuple[str, str]:
     """What held requests waiting, from the gauges at scrapes where some waited."""
     waiting, running = sm.gauge("waiting"), sm.gauge("running")
     if waiting is None or running is None or not (waiting > 0).any():
@@ -131,6 +132,13 @@ def _queue_binding(sm: ServerMetrics, settings: ServerSettings, measured) -> tup
         return f"the sequence cap ({knob} {cap})", advice
     if math.isfinite(kv_full) and kv_full >= HELD:
         return "KV cache capacity", "Give the KV cache more memory: see server-kv-pressure."
+    budget = settings.get("max_num_batched_tokens")
+    prompts = served["prompt_tokens"].to_numpy(np.float64)
+    sliced = isinstance(budget, int) and bool((prompts[np.isfinite(prompts)] > budget).any())
+    if sliced and _held_by_budget(sm, cap) >= HELD:
+        knob = settings.knob("max_num_batched_tokens") or "the token budget"
+        return (f"the token budget ({knob} {budget})",
+                f"Raise {knob} (now {budget}): see the server-prefill-sliced finding.")  # fmt: skip
     return "no single limit (arrivals above the server's throughput)", (
         "Lower the offered load or add capacity; find the capacity with perfdiag capacity."
     )
@@ -167,7 +175,7 @@ def server_seq_cap(ctx: TriageContext) -> Fact | Unavailable:
     lacking = _need(rec, "queue_s")
     if lacking is not None:
         return lacking
-    sm, measured, settings = rec
+    sm, served, settings = rec
     cap = _cap(sm, settings)
     if cap is None:
         return Unavailable("the server's sequence cap is not recorded (launch it with perfdiag "
@@ -177,7 +185,7 @@ def server_seq_cap(ctx: TriageContext) -> Fact | Unavailable:
         return Unavailable("no scrape caught a request waiting (no queue to attribute)")
     waiting, running = sm.gauge("waiting"), sm.gauge("running")
     peak = int((running + waiting.reindex(running.index, fill_value=0)).max())
-    ttft = float(measured["ttft_s"].mean())
+    ttft = float(served["ttft_s"].mean())
     queue = sm.histograms["queue_s"].mean
     value = share(queue * held, ttft)
     concurrency = settings.get("kv_cache_max_concurrency")
@@ -225,10 +233,10 @@ def server_kv_pressure(ctx: TriageContext) -> Fact | Unavailable:
     rec = server_record(ctx)
     if isinstance(rec, Unavailable):
         return rec
-    sm, measured, settings = rec
+    sm, served, settings = rec
     if "preemptions" not in sm.counters:
         return Unavailable(f"the server's metrics have no preemption counter ({sm.server})")
-    finished = sm.counters.get("requests_finished") or float(len(measured))
+    finished = sm.counters.get("requests_finished") or float(len(served))
     preemptions = sm.counters["preemptions"]
     kv = sm.gauge("kv_usage")
     kv_peak = float(kv.max()) if kv is not None and len(kv) else float("nan")
@@ -237,7 +245,7 @@ def server_kv_pressure(ctx: TriageContext) -> Fact | Unavailable:
     capacity_share = (float((cap_wait > 0).mean()) if cap_wait is not None and len(cap_wait)
                       else float("nan"))  # fmt: skip
     blocks, block = settings.get("num_blocks"), settings.get("block_size")
-    advice = _kv_advice(ctx, settings, blocks, block, measured, sm)
+    advice = _kv_advice(ctx, settings, blocks, block, served, sm)
     evidence = (
         ev("source", "evidence from", sm.source("preemptions", "kv_usage", "waiting_capacity")),
         ev("preemptions", "preemptions", int(preemptions)),
@@ -258,12 +266,12 @@ def server_kv_pressure(ctx: TriageContext) -> Fact | Unavailable:
     return Fact(value, evidence, impact=min(1.0, value))
 
 
-def _kv_advice(ctx, settings: ServerSettings, blocks, block, measured, sm) -> str:
+def _kv_advice(ctx, settings: ServerSettings, blocks, block, served, sm) -> str:
     on_gpu = bool(ctx.run.manifest.environment.get("gpus"))
     knob = settings.kv_knob(on_gpu) or "the KV cache's memory"
     running = sm.gauge("running")
     peak = int(running.max()) if running is not None and len(running) else None
-    tokens = measured["prompt_tokens"].to_numpy(np.float64) + measured["output_tokens"].to_numpy(
+    tokens = served["prompt_tokens"].to_numpy(np.float64) + served["output_tokens"].to_numpy(
         np.float64
     )
     if not (isinstance(blocks, int) and isinstance(block, int) and peak and len(tokens)):
@@ -288,31 +296,38 @@ def _kv_advice(ctx, settings: ServerSettings, blocks, block, measured, sm) -> st
 @fact(
     "server_budget_slicing",
     provides=("source", "budget", "prompt_tokens", "steps_per_prompt", "step_ms", "extra_ms",
-              "prefill_ms", "ttft_ms", "suggested", "advice"),
+              "full_pct", "held_ms", "prefill_ms", "ttft_ms", "suggested", "advice"),
 )  # fmt: skip
 def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
-    """The share of the client's mean TTFT spent in the extra steps a prompt is cut into
-    by the server's per-step token budget: each step beyond the first costs about what a
-    step without prefill costs (weights read, launch, the running decodes: the server's
-    inter-token latency), whatever the slice holds."""
+    """The share of the client's mean TTFT that the server's per-step token budget costs
+    when it cuts prompts into several steps: the extra steps (each beyond the first costs
+    about a step's fixed part — weights read, launch, the running decodes — bounded above
+    by the server's median inter-token latency) and the queue while steps were full (a
+    budget smaller than a prompt caps the prefill tokens the server takes per step, so
+    while requests wait with the sequence cap and the KV cache not reached, they wait for
+    it)."""
     rec = server_record(ctx)
     lacking = _need(rec, "itl_s")
     if lacking is not None:
         return lacking
-    sm, measured, settings = rec
+    sm, served, settings = rec
     budget = settings.get("max_num_batched_tokens")
     if not isinstance(budget, int) or budget <= 0:
         return Unavailable("the server's token budget is not recorded (launch it with perfdiag "
                            "run --launch)")  # fmt: skip
-    prompts = measured["prompt_tokens"].to_numpy(np.float64)
+    prompts = served["prompt_tokens"].to_numpy(np.float64)
     prompts = prompts[np.isfinite(prompts)]
     if not len(prompts):
         return Unavailable("the run records no prompt lengths")
     steps = np.ceil(prompts / budget)
     step_s = sm.histograms["itl_s"].quantile(0.5)[0]  # a step that adds one token
     extra = float(np.mean(steps - 1)) * step_s
-    ttft = float(measured["ttft_s"].mean())
-    value = share(extra, ttft)
+    ttft = float(served["ttft_s"].mean())
+    full = _held_by_budget(sm, _cap(sm, settings))
+    sliced = bool((steps > 1).any())
+    queue = sm.histograms["queue_s"].mean if "queue_s" in sm.histograms else 0.0
+    held = queue * full if sliced and math.isfinite(full) else 0.0
+    value = share(extra + held, ttft)
     longest = int(np.max(prompts))
     suggested = max(budget * 2, 1 << math.ceil(math.log2(longest + 64)))
     knob = settings.knob("max_num_batched_tokens") or "the token budget"
@@ -325,7 +340,7 @@ def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
         ev(
             "source",
             "evidence from",
-            f"launch arguments (budget); {sm.source('itl_s', 'prefill_s')}; "
+            f"launch arguments (budget); {sm.source('itl_s', 'prefill_s', 'waiting', 'running')}; "
             "client (prompt lengths)",
         ),
         ev("budget", "tokens per step (budget)", budget),
@@ -333,6 +348,8 @@ def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
         ev("steps_per_prompt", "steps per prompt (mean)", float(steps.mean())),
         ev("step_ms", "a step without prefill (server ITL p50)", ms(step_s), "ms"),
         ev("extra_ms", "extra steps' cost per request", ms(extra), "ms"),
+        ev("full_pct", "scrapes with a queue held by neither cap nor KV", full, "%"),
+        ev("held_ms", "queue the budget held (mean)", ms(held), "ms"),
         ev("prefill_ms", "server prefill (mean)", ms(prefill), "ms"),
         ev("ttft_ms", "TTFT at the client (mean)", ms(ttft), "ms"),
         ev("suggested", "a budget to try", suggested),
@@ -341,9 +358,27 @@ def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
     return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0)
 
 
+def _held_by_budget(sm: ServerMetrics, cap: int | None) -> float:
+    """Share of the scrapes with requests waiting in which neither the sequence cap nor the
+    KV cache held them: running below the cap and KV usage below full. vLLM's scheduler
+    admits a waiting request unless the cap, the KV blocks or the step's token budget stop
+    it, so what is left is the budget. NaN without the gauges."""
+    waiting, running = sm.gauge("waiting"), sm.gauge("running")
+    if waiting is None or running is None:
+        return float("nan")
+    queued = (waiting > 0).reindex(running.index, fill_value=False)
+    if not queued.any():
+        return 0.0
+    free = running < cap if cap is not None else running == running
+    kv = sm.gauge("kv_usage")
+    if kv is not None:
+        free &= (kv.reindex(running.index) < KV_FULL).fillna(True)
+    return float(free[queued].mean())
+
+
 def server_prefix_hits(ctx: TriageContext) -> tuple[float, float, str] | None:
     """(prompt tokens that hit, prompt tokens queried, source) from the server's counters
-    over the measured requests; None when the server exports no prefix-cache counters."""
+    over the run's requests; None when the server exports no prefix-cache counters."""
     rec = server_record(ctx)
     if isinstance(rec, Unavailable):
         return None
