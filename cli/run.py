@@ -323,6 +323,23 @@ def run(
         str | None,
         _opt("--api-key", panel=TARGET, envvar="PERFDIAG_API_KEY", help="The target's key."),
     ] = None,
+    launch: Annotated[
+        str | None,
+        _opt(
+            "--launch",
+            panel=TARGET,
+            help="Start this server command (its own process group), wait for /health, drive "
+            "it, stop it; its log is kept in the run.",
+        ),
+    ] = None,
+    launch_timeout: Annotated[
+        float | None,
+        _opt(
+            "--launch-timeout",
+            panel=TARGET,
+            help="Seconds the launched server may take to become healthy [600].",
+        ),
+    ] = None,
 ) -> None:
     """Run the reference engine under a workload with probes attached, into a new run."""
     flags = dict(locals())
@@ -402,10 +419,21 @@ def build_options(flags: dict):
     )
     options = ro.RunOptions(engine=engine, workload=spec, probes=probes)
     http = None
-    if g("target"):
+    if g("target") and g("launch") is not None:
+        raise ConfigError("--launch and --target are mutually exclusive: a launched server is "
+                          "driven at its own address")  # fmt: skip
+    if g("launch_timeout") is not None and g("launch") is None:
+        raise ConfigError("--launch-timeout needs --launch")
+    if g("target") or g("launch") is not None:
         from ..probes.http_session import HttpOptions
+        from ..probes.server_launch import LaunchSpec
 
-        http = HttpOptions(url=g("target"), api_key=g("api_key"))
+        launch = None
+        if g("launch") is not None:
+            timeout = g("launch_timeout")
+            launch = LaunchSpec(g("launch"), **({} if timeout is None else
+                                                {"startup_timeout_s": timeout}))  # fmt: skip
+        http = HttpOptions(url=g("target"), api_key=g("api_key"), launch=launch)
     return options, http
 
 
@@ -473,8 +501,19 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
         where += f", router bias {e.expert_bias}"
     if http is not None:  # an HTTP server instead of the in-process engine
         from ..probes.http_session import record_http_run
+        from ..probes.server_launch import RUN_LOG
 
         record_run, where = functools.partial(record_http_run, http=http), http.url
+        if http.launch is not None:
+            where = f"launching `{http.launch.command}` (log: {out_dir / RUN_LOG})"
+
+            def launched(server) -> None:
+                nonlocal started
+                started = time.monotonic()  # the workload's time starts now
+                out.print(f"server healthy at {server.url} after {server.startup_s:.1f} s "
+                          f"(pid {server.pid})", highlight=False)  # fmt: skip
+
+            record_run = functools.partial(record_run, on_launched=launched)
     label = f"replay of {w.replay}" if w.replay else f"workload {w.name}"
     out.print(f"perfdiag run: {where}, {label} "
               f"({w.requests} requests), into {out_dir}", highlight=False)  # fmt: skip
@@ -507,7 +546,12 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
     if http is not None:  # a client-bound run measures the client: say so
         from ..traces.manifest import read_manifest
 
-        health = read_manifest(result.path).extra.get("client_health") or {}
+        manifest = read_manifest(result.path)
+        launched = (manifest.config.get("server") or {}).get("launch")
+        if isinstance(launched, dict):
+            out.print(f"server stopped (exit code {launched.get('exit_code')}); its log: "
+                      f"{result.path / launched.get('log', '')}", highlight=False)  # fmt: skip
+        health = manifest.extra.get("client_health") or {}
         if health.get("client_bound"):
             reasons = "; ".join(health.get("reasons", []))
             what = (

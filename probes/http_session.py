@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,6 +33,16 @@ from .http_target import HttpTarget
 from .metrics_scrape import MetricsScraper
 from .recorder import RunRecorder
 from .run_options import RunOptions
+from .server_launch import (
+    RUN_LOG,
+    LaunchedServer,
+    LaunchSpec,
+    kind_from_models,
+    launch_for_run,
+    launch_record,
+    server_facts,
+    server_kind,
+)
 from .session import ProgressCallback, SessionResult, _claim_directory, _report
 from .workload import plan
 
@@ -45,16 +56,19 @@ STEAL_PCT = 5.0
 
 @dataclass(frozen=True)
 class HttpOptions:
-    url: str
+    url: str | None = None  # None: the launched server's (`launch`)
     api_key: str | None = None
     model: str | None = None  # None: the first model the server lists
     prompt_format: str = "auto"  # auto | ids | text
     vocab_size: int = 256  # prompt ids drawn below this: byte-range ids exist in any vocab
     scrape_period_s: float | None = 0.5  # the target's /metrics; None: off
     max_connections: int = 0  # 0: unlimited (the workload's concurrency governs)
+    launch: LaunchSpec | None = None  # start this server, drive it, stop it (server_launch)
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
+        if self.url is None and self.launch is None:
+            raise ConfigError("an HTTP run needs --target URL or --launch COMMAND")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"--target must be an http:// or https:// URL, got {self.url!r}")
         if self.scrape_period_s is not None and self.scrape_period_s < 0.05:
             raise ConfigError("the metrics scrape period must be >= 0.05 s")
@@ -172,29 +186,45 @@ def steal_pct(before, after) -> float | None:
 
 def record_http_run(options: RunOptions, out_dir: Path, command: list[str] | None = None,
                     on_progress: ProgressCallback | None = None, progress_interval_s: float = 0.25,
-                    *, http: HttpOptions) -> SessionResult:  # fmt: skip
-    """Like `session.record_run` (same call), against `http.url` instead of an engine."""
+                    *, http: HttpOptions | None = None, launch: LaunchSpec | None = None,
+                    on_launched: Callable[[LaunchedServer], None] | None = None,
+                    ) -> SessionResult:  # fmt: skip
+    """Like `session.record_run` (same call), against `http.url` instead of an engine.
+    With `launch` (or `http.launch`) the server is started first (its log kept in the run
+    as server/server.log, `on_launched` told once it is healthy) and stopped at the end,
+    whatever happens: done, failed, Ctrl-C or SIGTERM."""
     out_dir = Path(out_dir)
+    http = http if http is not None else HttpOptions(launch=launch)
+    launch = launch or http.launch
     created = _claim_directory(out_dir)
-    planned = None
+    planned = server = None
     try:
         planned = plan(options.workload, http.vocab_size)
         progress = Progress(total=len(planned))
+        if launch is not None:
+            server = launch_for_run(launch, out_dir)
+            if on_launched is not None:
+                on_launched(server)
         status = asyncio.run(_main(options, http, planned, out_dir, command, progress,
-                                   on_progress, progress_interval_s))  # fmt: skip
+                                   on_progress, progress_interval_s, server, launch))  # fmt: skip
     except BaseException:
-        # Nothing recorded yet (bad target, unreachable): leave no half-made run behind.
+        # Nothing recorded yet (bad target, unreachable, a server that did not start):
+        # leave no half-made run behind.
         if created and not any(out_dir.iterdir()):
             with contextlib.suppress(OSError):
                 out_dir.rmdir()
         raise
+    finally:
+        if server is not None:
+            server.stop()  # at once when `_main` stopped it
     return SessionResult(out_dir, status, progress)
 
 
-async def _main(options, http, planned, out_dir, command, progress, on_progress, interval):
-    writer = None
-    target = HttpTarget(http.url, api_key=http.api_key, model=http.model,
-                        prompt_format=http.prompt_format,
+async def _main(options, http, planned, out_dir, command, progress, on_progress, interval,
+                server=None, launch=None):  # fmt: skip
+    writer = scraper = None
+    target = HttpTarget(server.url if server is not None else http.url, api_key=http.api_key,
+                        model=http.model, prompt_format=http.prompt_format,
                         max_connections=http.max_connections)  # fmt: skip
     info = await target.open()
     status, tasks = CRASHED, []
@@ -203,10 +233,22 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         if info.max_model_len is not None and longest > info.max_model_len:
             raise ConfigError(f"the workload asks for up to {longest} tokens per request but "
                               f"the target's context is {info.max_model_len}")  # fmt: skip
+        # What the run recorded is the server's, not engine_ref's: no engine options (nor
+        # the engine's probes), and what the server says of itself.
+        recorded = {k: v for k, v in options.to_dict().items() if k not in ("engine", "probes")}
+        facts = await server_facts(target.session, target.url, target._headers())
+        kind = server_kind(server.argv) if server is not None else "unknown"
+        described = {"kind": kind if kind != "unknown" else kind_from_models(facts["models"]),
+                     **facts,
+                     "launch": None if server is None else launch_record(server, launch, RUN_LOG),
+                     }  # fmt: skip
         writer = RunWriter(out_dir, command=list(sys.argv if command is None else command),
-                           config={"run_options": options.to_dict(),
-                                   "target": asdict(info) | {"api_key": None}},
+                           config={"run_options": recorded,
+                                   "target": asdict(info) | {"api_key": None},
+                                   "server": described},
                            environment_info=environment.fingerprint())  # fmt: skip
+        if server is not None:
+            server.move_log(out_dir / RUN_LOG)  # the log is part of the run
         loop, main = asyncio.get_running_loop(), asyncio.current_task()
         writer.on_failure(lambda: loop.call_soon_threadsafe(main.cancel))  # stop writing now
         recorder = HttpRecorder(writer, target)
@@ -242,7 +284,15 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         if on_progress is not None:
             on_progress(progress)
         await target.close()
+        if server is not None:
+            server.stop()  # before the run closes: its exit code and whole log are in it
         if writer is not None:
+            described = dict(writer.manifest.config.get("server") or {})
+            if server is not None and described.get("launch"):
+                described["launch"] = {**described["launch"], "exit_code": server.exit_code}
+            if scraper is not None and scraper.info:
+                described["info"] = scraper.info  # vllm:cache_config_info and the like
+            writer.update_manifest(config={**writer.manifest.config, "server": described})
             writer.close(status)
             if writer.failure is not None:
                 raise writer.failure_error()
