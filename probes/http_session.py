@@ -49,6 +49,9 @@ from .workload import plan
 # A client is called bound when its event-loop thread is this busy in this share of the
 # windows, or its loop lags this much at p99: its timings then measure itself.
 BUSY_CPU_PCT, BUSY_SHARE, LAG_P99_S = 85.0, 0.2, 0.02
+# After the last response, before the closing scrape: the server updates its metrics as it
+# sends the last chunk, so a short wait is enough to find the last request counted.
+FINAL_SCRAPE_DELAY_S = 0.2
 # Steal time worth naming as the reason a loop lagged (a vCPU paused for others stalls
 # every thread on it: tens of ms at a time on a shared 2-core VM).
 STEAL_PCT = 5.0
@@ -260,12 +263,20 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         if http.scrape_period_s:
             scraper = MetricsScraper(target.session, f"{target.url}/metrics", counters,
                                      http.scrape_period_s, target._headers())  # fmt: skip
-            tasks.append(asyncio.create_task(scraper.run()))
+            # One scrape before the first request and one after the last (below): the
+            # server's counters then bracket the whole run, whatever the period.
+            if await scraper.scrape_once():
+                tasks.append(asyncio.create_task(scraper.run(first_after=http.scrape_period_s)))
+            else:
+                scraper = None
         if on_progress is not None:
             tasks.append(asyncio.create_task(_report(progress, on_progress, interval)))
         try:
             await drive(planned, target, recorder, options.workload.arrival, progress,
                         keep_token_ids=False)  # fmt: skip
+            if scraper is not None:
+                await asyncio.sleep(FINAL_SCRAPE_DELAY_S)  # the server books the last request
+                await scraper.scrape_once()
             status = COMPLETE
         except (KeyboardInterrupt, asyncio.CancelledError):
             status = INTERRUPTED

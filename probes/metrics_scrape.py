@@ -74,6 +74,8 @@ class MetricsScraper:
         self.scrapes += bool(samples)
         return True
 
-    async def run(self) -> None:
+    async def run(self, first_after: float = 0.0) -> None:
+        """Scrape every period until cancelled; the first after `first_after` seconds."""
+        await asyncio.sleep(first_after)
         while await self.scrape_once():
             await asyncio.sleep(self.period_s)
