@@ -33,15 +33,14 @@ from .http_target import HttpTarget
 from .metrics_scrape import MetricsScraper
 from .recorder import RunRecorder
 from .run_options import RunOptions
+from .server_args import kind_from_models, server_kind
 from .server_launch import (
     RUN_LOG,
     LaunchedServer,
     LaunchSpec,
-    kind_from_models,
     launch_for_run,
     launch_record,
     server_facts,
-    server_kind,
 )
 from .session import ProgressCallback, SessionResult, _claim_directory, _report
 from .workload import plan

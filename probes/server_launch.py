@@ -6,15 +6,13 @@ perfdiag only), its stdout and stderr go to one log file, and `stop()` ends the 
 group: SIGTERM, a grace period, then SIGKILL. A server that exits or never becomes
 healthy is a one-line `ServerStartError` that names the most telling line of its log.
 
-The launch command is also read as data: `parse_server_args` turns its flags into the
-settings a run records (`--max-num-seqs 2` → `max_num_seqs: 2`), `server_kind` names the
-server (vllm, sglang, llamacpp, perfdiag).
+The launch command is also read as data (probes/server_args.py): the settings a run
+records and which server it is.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import re
@@ -31,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from .server_args import parse_server_args
 
 POLL_S = 0.5  # between two /health checks
 STOP_GRACE_S = 20.0
@@ -39,7 +38,8 @@ RUN_LOG = "server/server.log"  # the server's log, in the run directory
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ERROR_WORDS = re.compile(r"Error|error|ERROR|Exception")
-_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_EXCEPTION = re.compile(r"\b\w*(Error|Exception): ")  # Python's "ValueError: message"
+_SEE_ABOVE = re.compile(r"see .*above", re.IGNORECASE)
 
 
 class ServerStartError(ConfigError):
@@ -142,97 +142,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _program(argv: list[str]) -> tuple[str, str | None, list[str]]:
-    """(program name, the module of `python -m MODULE` or None, the words after them)."""
-    prog = os.path.basename(argv[0]) if argv else ""
-    rest = list(argv[1:])
-    if re.fullmatch(r"python[\d.]*", prog) and "-m" in rest:
-        at = rest.index("-m")
-        if at + 1 < len(rest):
-            return prog, rest[at + 1], rest[at + 2 :]
-    return prog, None, rest
-
-
-def server_kind(argv: list[str]) -> str:
-    """vllm, sglang, llamacpp, perfdiag or unknown, from the command line."""
-    prog, module, rest = _program(argv)
-    name = (module or prog).split(".")[0]
-    if name == "vllm":
-        return "vllm"
-    if name == "sglang":
-        return "sglang"
-    if prog.startswith("llama-server"):
-        return "llamacpp"
-    if name == "perfdiag" and rest[:1] == ["serve"]:
-        return "perfdiag"
-    return "unknown"
-
-
-def kind_from_models(models: list | None) -> str:
-    """The server's kind as its /v1/models cards say (`owned_by`), else unknown."""
-    owner = models[0].get("owned_by") if models and isinstance(models[0], dict) else None
-    names = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "perfdiag": "perfdiag"}
-    return names.get(str(owner).lower(), "unknown")
-
-
-def parse_server_args(argv: list[str]) -> dict:
-    """The command's flags by normalised name: `--max-num-seqs 2` → max_num_seqs: 2,
-    `--enforce-eager` → True, `--no-enable-prefix-caching` → enable_prefix_caching: False,
-    `--x=y` alike; numbers converted, JSON objects and lists parsed. The word after
-    `serve` is `model`; other positional words are listed under `positional`."""
-    _, _, words = _program(argv)
-    out: dict = {}
-    positional: list[str] = []
-    if words[:1] == ["serve"]:
-        words = words[1:]
-        if words and not words[0].startswith("-"):
-            out["model"] = words.pop(0)
-    i = 0
-    while i < len(words):
-        word = words[i]
-        i += 1
-        if word == "--":
-            positional.extend(words[i:])
-            break
-        if not word.startswith("-") or _NUMBER.fullmatch(word):
-            positional.append(word)
-            continue
-        name, eq, value = word.lstrip("-").partition("=")
-        key = name.replace("-", "_")
-        if eq:
-            _put(out, key, _value(value))
-        elif i < len(words) and (not words[i].startswith("-") or _NUMBER.fullmatch(words[i])):
-            _put(out, key, _value(words[i]))
-            i += 1
-        elif key.startswith("no_") and len(key) > 3:
-            _put(out, key[3:], False)
-        else:
-            _put(out, key, True)
-    if positional:
-        out["positional"] = positional
-    return out
-
-
-def _put(out: dict, key: str, value) -> None:
-    if key in out:  # a repeated flag: every value, in order
-        before = out[key]
-        out[key] = [*before, value] if isinstance(before, list) else [before, value]
-    else:
-        out[key] = value
-
-
-def _value(text: str):
-    if _NUMBER.fullmatch(text):
-        with contextlib.suppress(ValueError):
-            return int(text)
-        return float(text)
-    if text[:1] in "{[":
-        with contextlib.suppress(ValueError):
-            return json.loads(text)
-    return text
-
-
-# ---- the log -----------------------------------------------------------------------------
 def telling_line(log_path: Path, tail_bytes: int = 65536) -> str:
     """The log's last line that names an error or exception, else its last non-empty
     line, trimmed; "" for an empty or unreadable log."""
@@ -247,7 +156,11 @@ def telling_line(log_path: Path, tail_bytes: int = 65536) -> str:
     lines = [line for line in lines if line]
     if not lines:
         return ""
-    line = next((x for x in reversed(lines) if _ERROR_WORDS.search(x)), lines[-1])
+    # A wrapper's line ("RuntimeError: Engine core initialization failed. See root cause
+    # above.") points at the root cause: the last exception line that does not, wins.
+    errors = [x for x in lines if _ERROR_WORDS.search(x)]
+    roots = [x for x in errors if _EXCEPTION.search(x) and not _SEE_ABOVE.search(x)]
+    line = (roots or errors or lines)[-1]
     return line if len(line) <= TELLING_CHARS else line[: TELLING_CHARS - 1] + "…"
 
 

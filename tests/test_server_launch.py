@@ -21,12 +21,11 @@ import pytest
 from perfdiag.errors import ConfigError
 from perfdiag.probes import server_launch
 from perfdiag.probes.run_options import RunOptions
+from perfdiag.probes.server_args import parse_server_args, server_kind
 from perfdiag.probes.server_launch import (
     LaunchSpec,
     ServerStartError,
     launch,
-    parse_server_args,
-    server_kind,
     telling_line,
     with_port,
 )
@@ -340,3 +339,19 @@ def test_cli_sigterm_stops_the_launched_server(tmp_path, fake_vllm):
     assert run.status == "interrupted"
     assert run.manifest.config["server"]["launch"]["exit_code"] == 0
     assert "fake vLLM starting" in (tmp_path / "run" / "server" / "server.log").read_text()
+
+
+def test_the_telling_line_is_the_root_cause_not_its_wrapper(tmp_path):
+    """vLLM's engine core failing at start (a KV cache too small for --max-model-len)."""
+    from perfdiag.probes.server_launch import telling_line
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "(EngineCore pid=5) ERROR [core.py:1510] EngineCore failed to start.\n"
+        "ValueError: To serve at least one request with the model's max seq len (2048), "
+        "0.04 GiB KV cache is needed\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}\n"
+        "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: leaked\n"
+    )
+    assert telling_line(log).startswith("ValueError: To serve at least one request")
