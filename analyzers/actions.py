@@ -3,7 +3,8 @@
 A check's advice names the knob, its value now and a value to try, with the effect the
 run's models predict. When that change is one `perfdiag run` can make (an engine or a
 workload option), it is also an `Action`, so `perfdiag analyze RUN --verify-advice` can
-re-run the run with it (`--like` semantics: everything else kept) and say whether the
+re-run the run with it (`--like` semantics: everything else kept; a server perfdiag
+launched is relaunched with its flag changed) and say whether the
 metric it targets improved beyond noise (analyzers/compare.py). An action of kind
 "environment" (a quieter machine) or "code" (move work off the event loop) cannot be
 applied by a re-run; it is still shown, and verifying it says so.
@@ -28,6 +29,12 @@ FLAGS = {
     ("engine", "expert_placement"): "--expert-placement",
     ("workload", "concurrency"): "--concurrency",
     ("workload", "rate"): "--rate",
+    # A server perfdiag launched (`perfdiag run --launch`): its own flags (vLLM's names),
+    # applied by relaunching it with the flag changed.
+    ("server", "max_num_seqs"): "--max-num-seqs",
+    ("server", "max_num_batched_tokens"): "--max-num-batched-tokens",
+    ("server", "enable_prefix_caching"): "--enable-prefix-caching",
+    ("server", "num_gpu_blocks_override"): "--num-gpu-blocks-override",
 }
 KINDS = ("run", "environment", "code")
 
@@ -67,8 +74,17 @@ class Action:
         """The `perfdiag run` options that apply it ("" when no re-run can)."""
         return " ".join(s.flag for s in self.settings)
 
+    @property
+    def relaunches(self) -> bool:
+        """Applied by relaunching the server with its flags changed (server settings)."""
+        return any(s.option.startswith("server.") for s in self.settings)
+
     def command(self, run_path: str) -> str:
-        return f"perfdiag run --like {run_path} {self.flags}" if self.settings else ""
+        if not self.settings:
+            return ""
+        if self.relaunches:  # the launch command with the flag changed
+            return f"perfdiag analyze {run_path} --verify-advice (relaunches with {self.flags})"
+        return f"perfdiag run --like {run_path} {self.flags}"
 
 
 def run_action(target: str, *settings: Setting, expect: str = "") -> Action:

@@ -417,11 +417,18 @@ def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
         ),
     )
     action = None
-    if setting is False and "server" not in ctx.config:
+    server = ctx.config.get("server")
+    if setting is False and not server:
         action = run_action(
             "ttft.p50",
             Setting("engine.prefix_cache", False, True),
             expect=f"about {ms(missed * per_token):.0f} ms less prefill in all",
+        )
+    elif setting is False and isinstance(server, dict) and server.get("kind") == "vllm":
+        action = run_action(  # relaunched with vLLM's flag (verify-advice)
+            "ttft.p50",
+            Setting("server.enable_prefix_caching", False, True),
+            expect=f"{int(missed):,} prompt tokens served from the cache",
         )
     return Fact(
         value if finite(value) else 0.0,

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ..analyzers.actions import Setting, run_action
 from ..analyzers.server_metrics import ServerMetrics, server_metrics
 from ..analyzers.server_settings import ServerSettings
 from .facts import Fact, TriageContext, Unavailable, ev, fact, ms, share
@@ -104,7 +105,12 @@ def server_ttft_parts(ctx: TriageContext) -> Fact | Unavailable:
             ms(server_ttft - queue - prefill),
             "ms",
         ),
-        ev("outside_ms", "client and network: client − server TTFT", ms(ttft - server_ttft), "ms"),
+        ev(
+            "outside_ms",
+            "outside the server's record: client − server TTFT",
+            ms(ttft - server_ttft),
+            "ms",
+        ),
         ev("queue_p50", "server queue p50 (from buckets)", _quantile_text(sm, "queue_s", 0.5)),
         ev("server_ttft_p50", "server TTFT p50 (from buckets)", _quantile_text(sm, "ttft_s", 0.5)),
         ev("requests", "requests completed (client, warm-up included)", len(served)),
@@ -218,7 +224,17 @@ def server_seq_cap(ctx: TriageContext) -> Fact | Unavailable:
         ),
         ev("advice", "advice", advice),
     )
-    return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0)
+    expect = f"the queue held by the cap ({ms(queue * held):.0f} ms a request) gone"
+    action = _action(settings, "ttft.p50", "max_num_seqs", cap, suggested, expect)
+    return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0, action=action)
+
+
+def _action(settings: ServerSettings, target: str, name: str, now, to, expect: str):
+    """A relaunch with vLLM's flag changed (verify-advice); None for other servers, whose
+    flags differ."""
+    if settings.kind != "vllm":
+        return None
+    return run_action(target, Setting(f"server.{name}", now, to), expect=expect)
 
 
 # -- step 4: KV pressure --------------------------------------------------------------------
@@ -263,7 +279,24 @@ def server_kv_pressure(ctx: TriageContext) -> Fact | Unavailable:
         ev("advice", "advice", advice),
     )
     value = preemptions / finished if finished > 0 else 0.0
-    return Fact(value, evidence, impact=min(1.0, value))
+    action = None
+    needed = _blocks_needed(settings, block, served, sm)
+    if "num_gpu_blocks_override" in settings.args and needed is not None:
+        action = _action(settings, "e2e.p50", "num_gpu_blocks_override", blocks, needed,
+                         "no preemption; no request's work done twice")  # fmt: skip
+    return Fact(value, evidence, impact=min(1.0, value), action=action)
+
+
+def _blocks_needed(settings: ServerSettings, block, served, sm) -> int | None:
+    """Blocks for the peak of running requests at their longest (prompt + output)."""
+    running = sm.gauge("running")
+    peak = int(running.max()) if running is not None and len(running) else 0
+    tokens = (served["prompt_tokens"].to_numpy(np.float64)
+              + served["output_tokens"].to_numpy(np.float64))  # fmt: skip
+    tokens = tokens[np.isfinite(tokens)]
+    if not (isinstance(block, int) and block > 0 and peak and len(tokens)):
+        return None
+    return peak * math.ceil(float(tokens.max()) / block)
 
 
 def _kv_advice(ctx, settings: ServerSettings, blocks, block, served, sm) -> str:
@@ -355,7 +388,11 @@ def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
         ev("suggested", "a budget to try", suggested),
         ev("advice", "advice", advice),
     )
-    return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0)
+    action = None
+    if sliced:
+        expect = f"prompts in one step; about {ms(extra + held):.0f} ms less TTFT"
+        action = _action(settings, "ttft.p50", "max_num_batched_tokens", budget, suggested, expect)
+    return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0, action=action)
 
 
 def _held_by_budget(sm: ServerMetrics, cap: int | None) -> float:

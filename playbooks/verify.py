@@ -6,22 +6,26 @@ The verdict is the compare's own (analyzers/compare.py): the targeted metric imp
 when its bootstrap interval lies below zero (above, for a throughput), "worse" the other
 way, "unchanged" when the interval spans zero. An action that is not a setting (a code
 change, a quieter machine), or a run perfdiag cannot re-create (an imported trace, an
-HTTP server whose engine it does not configure), is "not applicable", with why.
+HTTP server whose engine it does not configure), is "not applicable", with why. A server
+that `perfdiag run --launch` started is relaunched with the advised flag changed and
+driven with the same workload and seed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..analyzers.actions import Action
+from ..analyzers.actions import FLAGS, Action
 from ..analyzers.compare import Comparison, MetricDelta
 from ..analyzers.findings import Finding, Triage
 from ..errors import ConfigError
 from ..probes.faults import FaultOptions
 from ..probes.run_options import RunOptions
+from ..probes.server_launch import LaunchSpec
 from ..traces.reader import Run
 from .facts import TriageContext
 
@@ -58,6 +62,8 @@ def rerun_options(run: Run, action: Action) -> tuple[RunOptions, FaultOptions | 
     if not isinstance(recorded, dict):
         return "the run was not recorded by perfdiag run: apply the change where it was made"
     options = RunOptions.from_dict(recorded)
+    if action.relaunches:
+        return _relaunch(config, options, action)
     if config.get("target") and any(s.option.startswith("engine.") for s in action.settings):
         return (
             "the run drove a server perfdiag does not configure: set "
@@ -79,6 +85,24 @@ def rerun_options(run: Run, action: Action) -> tuple[RunOptions, FaultOptions | 
     return options, FaultOptions(**faults) if isinstance(faults, dict) else None
 
 
+def _relaunch(config: dict, options: RunOptions, action: Action):
+    """The launched server's command with the action's flags changed (the same workload);
+    or why it cannot be relaunched."""
+    from ..probes.server_args import with_flag
+    from ..probes.server_launch import LaunchSpec
+
+    launch = (config.get("server") or {}).get("launch")
+    if not isinstance(launch, dict) or not launch.get("argv"):
+        return ("the server was started elsewhere: relaunch it with "
+                f"{action.flags} and record again")  # fmt: skip
+    # A free port for the relaunch: the recorded one may have been picked for that run.
+    argv = with_flag(list(launch["argv"]), "--port", None)
+    for s in action.settings:
+        argv = with_flag(argv, FLAGS[tuple(s.option.split(".", 1))], s.to)
+    env = {k: str(v) for k, v in (launch.get("env") or {}).items()}
+    return options, LaunchSpec(shlex.join(argv), env=env)
+
+
 def verify(
     ctx: TriageContext,
     finding: Finding,
@@ -97,11 +121,16 @@ def verify(
     got = rerun_options(ctx.run, action)
     if isinstance(got, str):
         return _not_applicable(finding, action, got)
-    options, faults = got
-    if record is None:
-        from ..probes.session import record_run as record
+    options, how = got
     command = ["perfdiag", "analyze", str(ctx.run.path), "--verify-advice"]
-    record(options, out_dir, command=command, faults=faults)
+    if isinstance(how, LaunchSpec):  # a relaunch of the server, the same load against it
+        from ..probes.http_session import HttpOptions, record_http_run
+
+        record_http_run(options, out_dir, command=command, http=HttpOptions(launch=how))
+    else:
+        if record is None:
+            from ..probes.session import record_run as record
+        record(options, out_dir, command=command, faults=how)
     from ..traces.reader import load_run
     from .comparison import compare
 

@@ -105,3 +105,28 @@ def _value(text: str):
 
 
 # ---- the log -----------------------------------------------------------------------------
+
+
+def with_flag(argv: list[str], flag: str, value) -> list[str]:
+    """`argv` with `flag` set to `value`: earlier occurrences (`--flag V`, `--flag=V`, and
+    for a switch its `--no-` form) removed, the new one appended (`--flag`/`--no-flag` for
+    a bool; nothing for None: the flag removed)."""
+    negated = flag.replace("--", "--no-", 1)
+    out, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word in (flag, negated):
+            takes_value = word == flag and not isinstance(value, bool)  # None: as a value
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            i += 2 if takes_value and nxt is not None and not nxt.startswith("--") else 1
+            continue
+        if word.startswith((flag + "=", negated + "=")):
+            i += 1
+            continue
+        out.append(word)
+        i += 1
+    if value is None:
+        return out
+    if isinstance(value, bool):
+        return [*out, flag if value else negated]
+    return [*out, flag, f"{value:g}" if isinstance(value, float) else str(value)]
