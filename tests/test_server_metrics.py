@@ -120,3 +120,36 @@ def test_settings_come_from_the_launch_then_the_servers_info():
     sglang = ServerSettings.of({"server": {"kind": "sglang"}})
     assert sglang.knob("max_num_seqs") == "--max-running-requests"
     assert ServerSettings.of({}).kind == "unknown"
+
+
+SGLANG_PAGE = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} %(running)s
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} %(waiting)s
+# TYPE sglang:max_running_requests gauge
+sglang:max_running_requests{model_name="m"} 8.0
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="m"} %(prompt)s
+# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_sum{model_name="m"} %(ttft_sum)s
+sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} %(le01)s
+sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} %(n)s
+sglang:time_to_first_token_seconds_count{model_name="m"} %(n)s
+"""
+
+
+def test_sglang_names_read_as_the_same_concepts(tmp_path):
+    before = SGLANG_PAGE % dict(running=0, waiting=0, prompt=0, ttft_sum=0, le01=0, n=0)
+    after = SGLANG_PAGE % dict(running=8, waiting=5, prompt=640, ttft_sum=2.0, le01=4, n=10)
+    with RunWriter(tmp_path / "r", command=["t"], config={}, environment_info={}) as w:
+        w.table("counters").extend(_scrape_rows(before, 1_000))
+        w.table("counters").extend(_scrape_rows(after, 2_000))
+    sm = server_metrics(load_run(tmp_path / "r"), 1_000, 2_000)
+    assert sm.server == "sglang"
+    assert sm.counters["prompt_tokens"] == 640.0
+    assert sm.histograms["ttft_s"].mean == pytest.approx(0.2)
+    assert sm.histograms["ttft_s"].quantile(0.3)[1:] == (0.0, 0.1)  # within its bucket
+    assert sm.gauge("running").max() == 8 and sm.gauge("waiting").max() == 5
+    assert sm.gauge("max_running").max() == 8  # SGLang states its cap
+    assert "queue_s" not in sm.histograms  # not exported here: absent, not zero
