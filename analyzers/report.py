@@ -15,6 +15,7 @@ from .spans import timeline_spans
 class TimelineReport:
     windows: pd.DataFrame
     breakdown: pd.DataFrame
+    outside: pd.DataFrame  # per rank: traced time outside the windows (between vLLM's steps)
     resources: pd.DataFrame
     overlap: pd.DataFrame
     launch_stats: pd.DataFrame
@@ -45,6 +46,7 @@ def report_from_spans(df: pd.DataFrame, steps: pd.DataFrame | None = None) -> Ti
     return TimelineReport(
         windows=wins,
         breakdown=timeline.breakdown(df, wins),
+        outside=timeline.outside_windows(df, wins),
         resources=timeline.resources(df, wins),
         overlap=timeline.overlap(df, wins),
         launch_stats=gaps.launch_stats(joined),

@@ -24,13 +24,21 @@ from .spans import (
 )
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# vLLM's worker marks each engine step (`execute_context_1(64)_generation_3(3)`: requests in
+# prefill (their tokens), requests decoding (theirs)); a step spans its model execution
+# only, so these windows do not tile the trace: the time between them is the engine
+# loop's own (scheduling, output processing) or no work, and is reported apart
+# (`outside_windows`).
+_VLLM_STEP = re.compile(r"^execute_context_\d+\(\d+\)_generation_\d+\(\d+\)")
 WINDOW_COLUMNS = ["rank_key", "step", "name", "start_ns", "end_ns", "source"]
+OUTSIDE_COLUMNS = ["rank_key", "extent_ns", "inside_ns", "outside_ns", "host_outside_ns"]
 
 
 def windows(df: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """The analysis windows, per rank: the run's engine steps when it has them, else
     `ProfilerStep#N` annotations (each lasting until the next one starts; the last until
-    the GPU work it launched ends), else the whole trace as one window."""
+    the GPU work it launched ends), else vLLM's step annotations (each its own extent),
+    else the whole trace as one window."""
     if steps is not None and len(steps):
         w = pd.DataFrame(
             {
@@ -56,6 +64,9 @@ def _rank_windows(rank: int, sub: pd.DataFrame) -> pd.DataFrame:
     is_step &= pattern_mask(sub["name"], _PROFILER_STEP)
     marks = sub[is_step].sort_values("start_ns").drop_duplicates("start_ns")
     if len(marks) == 0:
+        vllm = _vllm_windows(rank, sub)
+        if vllm is not None:
+            return vllm
         return pd.DataFrame(
             {
                 "rank_key": [rank],
@@ -80,6 +91,49 @@ def _rank_windows(rank: int, sub: pd.DataFrame) -> pd.DataFrame:
             "source": "ProfilerStep",
         }
     ).reset_index(drop=True)
+
+
+def _vllm_windows(rank: int, sub: pd.DataFrame) -> pd.DataFrame | None:
+    """vLLM's step annotations as windows of their own extent, numbered in time order;
+    None when the rank has none."""
+    is_step = category_mask(sub["category"], ["annotation"]) & ~sub["on_gpu"].to_numpy()
+    is_step &= pattern_mask(sub["name"], _VLLM_STEP)
+    marks = sub[is_step].sort_values("start_ns").drop_duplicates("start_ns")
+    if not len(marks):
+        return None
+    start = marks["start_ns"].to_numpy(np.int64)
+    end = marks["end_ns"].to_numpy(np.int64)
+    end = np.array([max(e, _launched_work_end(sub, s, e)) for s, e in zip(start, end, strict=True)])
+    return pd.DataFrame(
+        {
+            "rank_key": rank,
+            "step": pd.array(np.arange(len(marks)), dtype="Int64"),
+            "name": [str(n) for n in marks["name"]],
+            "start_ns": start,
+            "end_ns": end,
+            "source": "vllm",
+        }
+    )
+
+
+def outside_windows(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: the traced extent, the time inside its windows and the time outside them
+    (between vLLM's steps: the engine loop's host work, or nothing to do), with the share
+    of that outside time the host was busy (any CPU span on the rank)."""
+    rows = []
+    for rank, w in wins.groupby("rank_key", sort=True):
+        sub = df[df["rank_key"].to_numpy() == rank]
+        if not len(sub):
+            continue
+        lo, hi = int(sub["start_ns"].min()), int(sub["end_ns"].max())
+        inside = union(w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64))
+        in_ns = int(inside.coverage().between(np.array([lo]), np.array([hi]))[0])
+        cpu = ~sub["on_gpu"].to_numpy()
+        host = union(sub["start_ns"].to_numpy(np.int64)[cpu], sub["end_ns"].to_numpy(np.int64)[cpu])
+        host_all = int(host.coverage().between(np.array([lo]), np.array([hi]))[0])
+        host_in = int(overlap_ns(host, inside, np.array([lo]), np.array([hi]))[0])
+        rows.append((int(rank), hi - lo, in_ns, hi - lo - in_ns, host_all - host_in))
+    return pd.DataFrame(rows, columns=OUTSIDE_COLUMNS)
 
 
 def _launched_work_end(sub: pd.DataFrame, lo: int, hi: int) -> int:

@@ -102,6 +102,7 @@ def timeline(
             "all", f"{len(b)} windows", _ms(b["wall_ns"].sum()), *[_ms(b[p].sum()) for p in parts]
         )
     out.print(fit(t, out))
+    _between_steps(rep)
     r = rep.resources
     t = Table(
         "rank", "resource", "kind", "busy ms", "idle ms", "busy %", "spans", title="resources"
@@ -323,3 +324,19 @@ def _print_roofline(roof) -> None:
         out.print(fit(t, out))
         counts = frame["bound"].value_counts().to_dict()
         out.print("bound classes: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+def _between_steps(rep) -> None:
+    """vLLM's steps span their model execution only: the time between them (the engine
+    loop's scheduling and output handling, or no work) is said apart from the idle inside."""
+    if not (rep.windows["source"] == "vllm").any():
+        return
+    for _, o in rep.outside.iterrows():
+        idle_in = rep.breakdown.loc[rep.breakdown["rank_key"] == o["rank_key"], "idle_ns"].sum()
+        out.print(
+            f"vLLM steps (execute_context_* annotations), rank {_rank(o['rank_key'])}: "
+            f"{_ms(o['inside_ns'])} ms inside steps ({_ms(idle_in)} ms of it idle), "
+            f"{_ms(o['outside_ns'])} ms between steps ({_ms(o['host_outside_ns'])} ms of it "
+            f"host work) of {_ms(o['extent_ns'])} ms traced",
+            highlight=False,
+        )

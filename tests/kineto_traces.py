@@ -35,3 +35,23 @@ def synced_steps_trace(path, gemm_us: int = 300, extra_kernel: str | None = None
            "traceEvents": events}  # fmt: skip
     path.write_text(json.dumps(doc))
     return path
+
+
+def vllm_steps_trace(path, steps: int = 3):
+    """A CPU worker's trace as vLLM's profiler writes it: per step of 1,000 µs, the step
+    annotation `execute_context_…` over 0–600 (ops 0–250 and 300–600: 50 µs idle inside),
+    then the engine loop's own host work 700–900 and nothing 600–700 and 900–1,000."""
+    events = []
+
+    def x(base, name, cat, start, dur):
+        events.append({"ph": "X", "cat": cat, "name": name, **CPU, "ts": base + start,
+                       "dur": dur, "args": {}})  # fmt: skip
+
+    for k in range(steps):
+        b = T0_US + 1_000 * k
+        x(b, f"execute_context_1(64)_generation_{k}({k})", "user_annotation", 0, 600)
+        x(b, "aten::linear", "cpu_op", 0, 250)
+        x(b, "aten::linear", "cpu_op", 300, 300)
+        x(b, "schedule", "python_function", 700, 200)
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path

@@ -194,3 +194,23 @@ def test_group_codes_number_groups_as_a_sorted_groupby():
     expected = keys.groupby(["rank", "pid", "tid"], sort=True).ngroup().to_numpy()
     assert (codes == expected).all()
     assert (first == [np.flatnonzero(codes == g)[0] for g in range(codes.max() + 1)]).all()
+
+
+def test_vllm_step_annotations_are_the_steps(tmp_path):
+    """vLLM's worker trace: its `execute_context_*` annotations become the windows, each
+    its own extent; the idle inside steps and the time between them are told apart."""
+    from kineto_traces import vllm_steps_trace
+
+    run = perfdiag.load_run(import_kineto([vllm_steps_trace(tmp_path / "w.json")],
+                                          tmp_path / "run").out)  # fmt: skip
+    rep = timeline_report(run)
+    w = rep.windows
+    assert list(w["source"]) == ["vllm"] * 3 and list(w["step"]) == [0, 1, 2]
+    assert list(w["end_ns"] - w["start_ns"]) == [600_000] * 3  # not tiled to the next step
+    b = rep.breakdown
+    assert (b[PARTS].sum(axis=1) == b["wall_ns"]).all()
+    assert list(b["idle_ns"]) == [50_000] * 3  # inside a step: between its ops
+    o = rep.outside.iloc[0]
+    assert o["extent_ns"] == 2_900_000  # the first step's start to the last host work's end
+    assert o["inside_ns"] == 1_800_000 and o["outside_ns"] == 1_100_000
+    assert o["host_outside_ns"] == 600_000  # the engine loop's 200 µs after each step
