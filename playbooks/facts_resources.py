@@ -14,7 +14,7 @@ from ..analyzers.scheduler import KV_FULL, kv_pool, pool_blocks
 from ..analyzers.server_settings import ServerSettings
 from .advice import NO_ADVICE, kv_advice
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
-from .facts_target import server_prefix_hits
+from .facts_target import server_prefill_per_token, server_prefix_hits
 
 GAP_CAUSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
 
@@ -395,6 +395,8 @@ def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
     value = share(missed, total)
     cache = ctx.get("cache")
     per_token = cache.cost_per_prefill_token_s if cache is not None else float("nan")
+    if cache is None:  # a server's run: its own prefill time per prompt token it computed
+        per_token = server_prefill_per_token(ctx)
     evidence = (
         ev("source", "evidence from", source),
         ev("groups", "prefix groups", int(grouped["prefix_group"].nunique())),

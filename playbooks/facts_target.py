@@ -429,6 +429,17 @@ def server_prefix_hits(ctx: TriageContext) -> tuple[float, float, str] | None:
     return None
 
 
+def server_prefill_per_token(ctx: TriageContext) -> float:
+    """Seconds of the server's prefill per prompt token it computed (its prefill histogram's
+    sum over the prompt tokens not served from its cache); NaN when it does not say."""
+    rec = server_record(ctx)
+    if isinstance(rec, Unavailable) or "prefill_s" not in rec[0].histograms:
+        return float("nan")
+    sm = rec[0]
+    computed = sm.counters.get("prompt_tokens", 0.0) - sm.counters.get("prompt_tokens_cached", 0.0)
+    return sm.histograms["prefill_s"].sum / computed if computed > 0 else float("nan")
+
+
 def server_batches(ctx: TriageContext) -> int | None:
     """The most requests the server's own gauge showed running at once (None: no gauge)."""
     rec = server_record(ctx)
