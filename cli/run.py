@@ -340,6 +340,16 @@ def run(
             help="Seconds the launched server may take to become healthy [600].",
         ),
     ] = None,
+    server_profile: Annotated[
+        str | None,
+        _opt(
+            "--server-profile",
+            panel=TARGET,
+            help="With --launch of vLLM: its torch profiler from START to END seconds after "
+            "the workload starts (END left out: to its end), START:END; the traces are kept "
+            "in the run's server/profile and imported as server/trace.",
+        ),
+    ] = None,
 ) -> None:
     """Run the reference engine under a workload with probes attached, into a new run."""
     flags = dict(locals())
@@ -424,6 +434,9 @@ def build_options(flags: dict):
                           "driven at its own address")  # fmt: skip
     if g("launch_timeout") is not None and g("launch") is None:
         raise ConfigError("--launch-timeout needs --launch")
+    if g("server_profile") is not None and g("launch") is None:
+        raise ConfigError("--server-profile needs --launch: perfdiag turns vLLM's profiler on "
+                          "in the command it starts")  # fmt: skip
     if g("target") or g("launch") is not None:
         from ..probes.http_session import HttpOptions
         from ..probes.server_launch import LaunchSpec
@@ -433,7 +446,13 @@ def build_options(flags: dict):
             timeout = g("launch_timeout")
             launch = LaunchSpec(g("launch"), **({} if timeout is None else
                                                 {"startup_timeout_s": timeout}))  # fmt: skip
-        http = HttpOptions(url=g("target"), api_key=g("api_key"), launch=launch)
+        window = None
+        if g("server_profile") is not None:
+            from ..probes.server_profile import ServerProfileSpec
+
+            window = ServerProfileSpec.parse(g("server_profile"))
+        http = HttpOptions(url=g("target"), api_key=g("api_key"), launch=launch,
+                           server_profile=window)  # fmt: skip
     return options, http
 
 
@@ -551,6 +570,7 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
         if isinstance(launched, dict):
             out.print(f"server stopped (exit code {launched.get('exit_code')}); its log: "
                       f"{result.path / launched.get('log', '')}", highlight=False)  # fmt: skip
+        _print_server_profile(result.path, (manifest.config.get("server") or {}).get("profile"))
         health = manifest.extra.get("client_health") or {}
         if health.get("client_bound"):
             reasons = "; ".join(health.get("reasons", []))
@@ -560,6 +580,22 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
                 else "the load client's event loop was delayed: its timings include the delay"
             )
             out.print(f"[yellow]warning[/]: {what} ({reasons})")
+
+
+def _print_server_profile(path: Path, profile) -> None:
+    """Where vLLM's profiler traces went, and what went wrong with them."""
+    if not isinstance(profile, dict):
+        return
+    if profile.get("trace_run"):
+        steps = (profile.get("alignment") or {}).get("steps")
+        out.print(f"vLLM's profiler: {len(profile.get('files') or [])} files in "
+                  f"{path / (profile.get('dir') or '')}, the worker trace imported as "
+                  f"{path / profile['trace_run']} ({steps} steps; perfdiag timeline "
+                  f"{path / profile['trace_run']})", highlight=False)  # fmt: skip
+    from rich.markup import escape
+
+    for warning in profile.get("warnings") or []:
+        out.print(f"[yellow]warning[/]: vLLM's profiler: {escape(warning)}", highlight=False)
 
 
 def _progress_table(p, elapsed: float) -> Table:

@@ -67,6 +67,7 @@ def timeline(
         from ..analyzers.ceilings import named
 
         named(hardware)  # an unknown name is an error before any work
+    run, profile = _server_trace(run)
     loaded = load_run(run)
     rep = timeline_report(loaded)
     roof = _roofline(loaded, ceilings_dir, hardware)
@@ -77,8 +78,12 @@ def timeline(
         data["roofline"] = roof.to_dict()
         if cp is not None:
             data["critical_path"] = {k: _records(f) for k, f in cp.frames().items()}
+        if profile is not None:
+            data["trace_run"] = str(run)  # the client run's vLLM profiler trace
         print_json(data)
         return
+    if profile is not None:
+        _say_server_trace(run, profile, rep)
     parts = [f"{c}_ns" for c in CLASSES] + ["idle_ns"]
     b = rep.breakdown
     shown, title = b.head(max_windows), "step-time breakdown (ms)"
@@ -227,6 +232,42 @@ def timeline(
         out.print(fit(t, out))
 
     _print_roofline(roof)
+
+
+def _server_trace(run: Path) -> tuple[Path, dict | None]:
+    """A run against a vLLM launched with --server-profile holds the requests, not spans:
+    its timeline is that of vLLM's profiler trace, imported beside it (server/trace)."""
+    from ..errors import PerfdiagError
+    from ..traces.manifest import read_manifest
+
+    try:
+        manifest = read_manifest(run)
+    except PerfdiagError:
+        return run, None  # load_run says what is wrong
+    server = manifest.config.get("server") if isinstance(manifest.config, dict) else None
+    profile = server.get("profile") if isinstance(server, dict) else None
+    trace = profile.get("trace_run") if isinstance(profile, dict) else None
+    if not isinstance(trace, str) or (manifest.tables.get("spans") or {}).get("rows"):
+        return run, None
+    return Path(run) / trace, profile
+
+
+def _say_server_trace(trace: Path, profile: dict, rep) -> None:
+    start, end = [*(profile.get("window_s") or []), None, None][:2]
+
+    def sec(x) -> str:
+        return f"{x:g}" if isinstance(x, (int, float)) else "?"
+
+    window = f"{sec(start)}–{sec(end)} s" if end is not None else f"{sec(start)} s to the end"
+    steps = int((rep.windows["source"] == "vllm").sum()) if "source" in rep.windows else 0
+    out.print(
+        f"vLLM's profiler trace ({profile['trace_run']}): {steps} steps (execute_context_* "
+        f"annotations), profiled {window} into the workload; the requests are in "
+        f"{trace.parents[1]} (perfdiag analyze {trace.parents[1]})",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,  # one line, however narrow the terminal
+    )
 
 
 def _critical_path(run):

@@ -42,6 +42,14 @@ from .server_launch import (
     launch_record,
     server_facts,
 )
+from .server_profile import (
+    INTERRUPTED_WAIT_S,
+    WAIT_S,
+    ServerProfiler,
+    ServerProfileSpec,
+    check_launch,
+    expected_workers,
+)
 from .session import ProgressCallback, SessionResult, _claim_directory, _report
 from .workload import plan
 
@@ -66,8 +74,11 @@ class HttpOptions:
     scrape_period_s: float | None = 0.5  # the target's /metrics; None: off
     max_connections: int = 0  # 0: unlimited (the workload's concurrency governs)
     launch: LaunchSpec | None = None  # start this server, drive it, stop it (server_launch)
+    server_profile: ServerProfileSpec | None = None  # vLLM's profiler window (server_profile)
 
     def __post_init__(self) -> None:
+        if self.server_profile is not None:
+            check_launch(self.launch)
         if self.url is None and self.launch is None:
             raise ConfigError("an HTTP run needs --target URL or --launch COMMAND")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
@@ -198,17 +209,24 @@ def record_http_run(options: RunOptions, out_dir: Path, command: list[str] | Non
     out_dir = Path(out_dir)
     http = http if http is not None else HttpOptions(launch=launch)
     launch = launch or http.launch
+    if http.server_profile is not None:
+        check_launch(launch)
     created = _claim_directory(out_dir)
-    planned = server = None
+    planned = server = profiler = None
     try:
         planned = plan(options.workload, http.vocab_size)
         progress = Progress(total=len(planned))
         if launch is not None:
-            server = launch_for_run(launch, out_dir)
+            started = launch
+            if http.server_profile is not None:  # vLLM started with its profiler on
+                profiler = ServerProfiler(http.server_profile, out_dir)
+                started = profiler.launch_spec(launch)
+            server = launch_for_run(started, out_dir)
             if on_launched is not None:
                 on_launched(server)
         status = asyncio.run(_main(options, http, planned, out_dir, command, progress,
-                                   on_progress, progress_interval_s, server, launch))  # fmt: skip
+                                   on_progress, progress_interval_s, server, launch,
+                                   profiler))  # fmt: skip
     except BaseException:
         # Nothing recorded yet (bad target, unreachable, a server that did not start):
         # leave no half-made run behind.
@@ -219,11 +237,13 @@ def record_http_run(options: RunOptions, out_dir: Path, command: list[str] | Non
     finally:
         if server is not None:
             server.stop()  # at once when `_main` stopped it
+        if profiler is not None:
+            profiler.discard()  # the traces of a run that never took them in
     return SessionResult(out_dir, status, progress)
 
 
 async def _main(options, http, planned, out_dir, command, progress, on_progress, interval,
-                server=None, launch=None):  # fmt: skip
+                server=None, launch=None, profiler=None):  # fmt: skip
     writer = scraper = None
     target = HttpTarget(server.url if server is not None else http.url, api_key=http.api_key,
                         model=http.model, prompt_format=http.prompt_format,
@@ -240,10 +260,12 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         recorded = {k: v for k, v in options.to_dict().items() if k not in ("engine", "probes")}
         facts = await server_facts(target.session, target.url, target._headers())
         kind = server_kind(server.argv) if server is not None else "unknown"
+        launched = None if server is None else launch_record(server, launch, RUN_LOG)
         described = {"kind": kind if kind != "unknown" else kind_from_models(facts["models"]),
-                     **facts,
-                     "launch": None if server is None else launch_record(server, launch, RUN_LOG),
-                     }  # fmt: skip
+                     **facts, "launch": launched}  # fmt: skip
+        if profiler is not None:  # launch.argv stays the user's (a relaunch starts it)
+            described["launch"] = profiler.unflagged(launched)
+            described["profile"] = profiler.record()
         writer = RunWriter(out_dir, command=list(sys.argv if command is None else command),
                            config={"run_options": recorded,
                                    "target": asdict(info) | {"api_key": None},
@@ -271,8 +293,12 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         if on_progress is not None:
             tasks.append(asyncio.create_task(_report(progress, on_progress, interval)))
         try:
+            if profiler is not None:
+                profiler.begin(target.session, target.url, target._headers())
             await drive(planned, target, recorder, options.workload.arrival, progress,
                         keep_token_ids=False)  # fmt: skip
+            if profiler is not None:
+                await profiler.end()  # the workload ended: the window too
             if scraper is not None:
                 await asyncio.sleep(FINAL_SCRAPE_DELAY_S)  # the server books the last request
                 await scraper.scrape_once()
@@ -286,6 +312,10 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
                                           "client_health": monitor.summary(),
                                           "client_pid": os.getpid()})  # fmt: skip
     finally:
+        if profiler is not None:  # stopped, and its traces written, while the server runs
+            await profiler.end()
+            await profiler.wait_written(WAIT_S if status == COMPLETE else INTERRUPTED_WAIT_S,
+                                        expected_workers(server.argv))  # fmt: skip
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -302,8 +332,14 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
                 described["launch"] = {**described["launch"], "exit_code": server.exit_code}
             if scraper is not None and scraper.info:
                 described["info"] = scraper.info  # vllm:cache_config_info and the like
-            writer.update_manifest(config={**writer.manifest.config, "server": described})
-            writer.close(status)
+            try:
+                if profiler is not None:  # the traces into the run, imported
+                    profiler.collect(writer.manifest.command, writer.manifest.clock)
+            finally:
+                if profiler is not None:
+                    described["profile"] = profiler.record()
+                writer.update_manifest(config={**writer.manifest.config, "server": described})
+                writer.close(status)
             if writer.failure is not None:
                 raise writer.failure_error()
     return status
