@@ -214,3 +214,19 @@ def test_vllm_step_annotations_are_the_steps(tmp_path):
     assert o["extent_ns"] == 2_900_000  # the first step's start to the last host work's end
     assert o["inside_ns"] == 1_800_000 and o["outside_ns"] == 1_100_000
     assert o["host_outside_ns"] == 600_000  # the engine loop's 200 µs after each step
+
+
+def test_a_real_vllm_worker_trace_has_its_steps(tmp_path):
+    """A worker trace vLLM 0.32.0 (CPU) wrote for `--server-profile`, trimmed to 3 steps
+    (tests/data/vllm/profile/README.md)."""
+    trace = next((Path(__file__).parent / "data" / "vllm" / "profile").glob("rank0.*.json.gz"))
+    run = perfdiag.load_run(import_kineto([trace], tmp_path / "run").out)
+    rep = timeline_report(run)
+    w = rep.windows
+    assert (w["source"] == "vllm").all() and len(w) == 3
+    assert all(n.startswith("execute_context_") for n in w["name"])
+    b = rep.breakdown
+    assert (b[PARTS].sum(axis=1) == b["wall_ns"]).all()
+    o = rep.outside.iloc[0]
+    assert o["inside_ns"] + o["outside_ns"] == o["extent_ns"] and o["outside_ns"] > 0
+    assert 0 <= o["host_outside_ns"] <= o["outside_ns"]
