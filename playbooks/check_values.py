@@ -23,6 +23,7 @@ FACT_MEASURES: dict[str, Measure] = {
     "dropped_records": Measure("records dropped", "%"),
     "profiler_window_empty": Measure("profiler window empty"),
     "probe_stalls": Measure("engine time held by probes", "%"),
+    "client_stalls": Measure("TTFT or ITL p99 that is the load client's own stalls", "%"),
     "clock_uncertainty_ms": Measure("clock uncertainty", "ms"),
     "out_of_order": Measure("requests and steps out of order", "%"),
     "incomplete_lifecycles": Measure("requests with incomplete lifecycles", "%"),

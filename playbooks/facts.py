@@ -84,6 +84,7 @@ def fact(name: str, provides: tuple[str, ...] = (), **params: Param):
 
 def load_registry() -> dict[str, FactSpec]:
     from . import (  # noqa: F401
+        facts_client,
         facts_compare,
         facts_critical_path,
         facts_experts,

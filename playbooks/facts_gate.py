@@ -245,17 +245,66 @@ _PINS = {
 }
 
 
-@fact("unpinned", provides=("missing", "pinned"))
+def _server(m) -> dict:
+    """The server a client-only run drove (`perfdiag serve`'s own run also has a `server`
+    section, its HTTP settings beside its engine_config: that is an engine run)."""
+    config = m.config or {}
+    server = config.get("server")
+    if not isinstance(server, dict) or "engine_config" in config or "kind" not in server:
+        return {}
+    return server
+
+
+def _launch(m) -> dict:
+    launch = _server(m).get("launch")
+    return launch if isinstance(launch, dict) else {}
+
+
+def _against_server(m) -> bool:
+    """A run of `perfdiag run --target/--launch`: `config.server` (older runs:
+    `config.target`, with engine_ref's defaults as `run_options.engine`, never the server's)."""
+    return bool(_server(m)) or isinstance((m.config or {}).get("target"), dict)
+
+
+# A server's run is pinned by the server, not by engine_ref: its version stands for the
+# framework versions (the client needs no torch) and its launch arguments for the engine
+# configuration (none when it was started elsewhere and only --target URL was given).
+_SERVER_PINS = {
+    "perfdiag version": _PINS["perfdiag version"],
+    "python version": _PINS["python version"],
+    "server version": lambda m: _server(m).get("version"),
+    "hardware (CPU/GPU model)": _PINS["hardware (CPU/GPU model)"],
+    "code revision": _PINS["code revision"],
+    "server launch arguments": lambda m: _launch(m).get("args") or _launch(m).get("argv"),
+    "workload": _PINS["workload"],
+    "workload seed": _PINS["workload seed"],
+}
+NOT_LAUNCHED = (
+    "The server's settings are unknown: it was not launched by perfdiag run --launch, so "
+    "the run holds no launch arguments."
+)
+LAUNCH_ADVICE = (
+    "Launch the server with perfdiag run --launch 'COMMAND' so the run records its "
+    "arguments (or keep the server's command line and version beside the run)."
+)
+
+
+@fact("unpinned", provides=("missing", "pinned", "note", "server_advice"))
 def unpinned(ctx: TriageContext) -> Fact:
     """How many of the things a reproduction needs the run does not record: versions,
-    hardware, code revision, engine configuration, workload and its seed."""
+    hardware, code revision, engine configuration, workload and its seed (against a
+    server: its version and launch arguments instead of engine_ref's configuration)."""
     m = ctx.run.manifest
-    missing = [name for name, get in _PINS.items() if get(m) in (None, "", {}, [])]
-    pinned = [name for name in _PINS if name not in missing]
+    server = _against_server(m)
+    pins = _SERVER_PINS if server else _PINS
+    missing = [name for name, get in pins.items() if get(m) in (None, "", {}, [])]
+    pinned = [name for name in pins if name not in missing]
     evidence = (
         ev("missing", "not recorded", ", ".join(missing) or "none"),
         ev("pinned", "recorded", ", ".join(pinned) or "none"),
     )
+    if server and "server launch arguments" in missing:
+        evidence += (ev("note", "why", NOT_LAUNCHED), ev("server_advice", "advice", LAUNCH_ADVICE))
     tables = m.tables or {}
     served = any((tables.get(t) or {}).get("rows", 0) for t in ("requests", "steps"))
     # A bare trace (no requests, no engine steps) cannot record an engine's configuration
@@ -263,7 +312,7 @@ def unpinned(ctx: TriageContext) -> Fact:
     return Fact(
         len(missing),
         evidence,
-        impact=len(missing) / len(_PINS),
+        impact=len(missing) / len(pins),
         max_severity=None if served else "info",
     )
 
