@@ -340,6 +340,15 @@ def run(
             help="Seconds the launched server may take to become healthy [600].",
         ),
     ] = None,
+    metrics_period: Annotated[
+        float | None,
+        _opt(
+            "--metrics-period",
+            panel=TARGET,
+            help="Seconds between scrapes of the server's /metrics, 0: none (the checks that "
+            "read the server's own record are then not evaluated) [0.5].",
+        ),
+    ] = None,
     server_profile: Annotated[
         str | None,
         _opt(
@@ -437,6 +446,11 @@ def build_options(flags: dict):
     if g("server_profile") is not None and g("launch") is None:
         raise ConfigError("--server-profile needs --launch: perfdiag turns vLLM's profiler on "
                           "in the command it starts")  # fmt: skip
+    period = g("metrics_period")
+    if period is not None and not (g("target") or g("launch") is not None):
+        raise ConfigError("--metrics-period needs --target or --launch")
+    if period is not None and not period >= 0:  # NaN too
+        raise ConfigError(f"--metrics-period must be >= 0 s (0: no scrape), got {period}")
     if g("target") or g("launch") is not None:
         from ..probes.http_session import HttpOptions
         from ..probes.server_launch import LaunchSpec
@@ -451,8 +465,9 @@ def build_options(flags: dict):
             from ..probes.server_profile import ServerProfileSpec
 
             window = ServerProfileSpec.parse(g("server_profile"))
+        scrape = {} if period is None else {"scrape_period_s": period or None}
         http = HttpOptions(url=g("target"), api_key=g("api_key"), launch=launch,
-                           server_profile=window)  # fmt: skip
+                           server_profile=window, **scrape)  # fmt: skip
     return options, http
 
 

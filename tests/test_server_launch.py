@@ -355,3 +355,18 @@ def test_the_telling_line_is_the_root_cause_not_its_wrapper(tmp_path):
         "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: leaked\n"
     )
     assert telling_line(log).startswith("ValueError: To serve at least one request")
+
+
+@pytest.mark.parametrize(("period", "scrape"), [(None, 0.5), (0.0, None), (2.0, 2.0)])
+def test_metrics_period_sets_the_scrape(period, scrape):
+    from perfdiag.cli.run import build_options
+
+    _, http = build_options({"target": "http://127.0.0.1:8000", "metrics_period": period})
+    assert http.scrape_period_s == scrape
+
+
+def test_metrics_period_needs_a_server():
+    from perfdiag.cli.run import build_options
+
+    with pytest.raises(ConfigError, match="needs --target or --launch"):
+        build_options({"metrics_period": 1.0})
