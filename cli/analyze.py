@@ -73,6 +73,7 @@ def analyze(
     from ..playbooks.facts import TriageContext
     from .analyze_tables import print_header, print_missing, print_tables
     from .findings_view import print_triage
+    from .server_view import print_server_record
 
     if (finding or verify_out) and not verify_advice:
         raise ConfigError("--finding and --verify-out go with --verify-advice")
@@ -98,6 +99,7 @@ def analyze(
     print_missing(result)
     if details:
         print_tables(result)
+        print_server_record(ctx)
     if written:
         out.print(f"written: {', '.join(str(p) for p in written)}", highlight=False)
     for note in replaced:

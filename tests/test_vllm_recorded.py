@@ -132,3 +132,20 @@ def test_a_server_started_elsewhere_cannot_be_relaunched(tmp_path):
     action = run_action("ttft.p50", Setting("server.max_num_seqs", 2, 16))
     why = rerun_options(run, action)
     assert isinstance(why, str) and "started elsewhere" in why and "--max-num-seqs" in why
+
+
+def test_analyze_details_shows_the_servers_own_record(tmp_path):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from perfdiag.cli import app
+
+    run = tmp_path / "kv"
+    shutil.copytree(RUNS / "kv-pressure", run)
+    result = CliRunner().invoke(app, ["analyze", str(run), "--details"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "the server's own record (vllm /metrics" in text
+    assert "preemptions" in text and "KV cache usage" in text
+    assert "(5,000–10,000)" in text  # a percentile names its bucket
