@@ -13,6 +13,10 @@ streaming /v1/completions, no warm-up requests in either tool):
   closed   closed loop of `--concurrency` clients (vLLM `--max-concurrency C` at an
            infinite request rate: every request queued at once, C at a time; perfdiag
            `-c C --closed`)
+  constant open loop at `--rate` with evenly spaced arrivals (vLLM `--burstiness
+           1000000`, a gamma that close to constant; perfdiag `--arrival constant`):
+           the same schedule in both, so a gap the open loop shows that vanishes here
+           is the two tools' Poisson draws (not in the default `--loads`)
 
 Definitions are matched (docs/metrics.md, "Other tools' names for these"): TTFT, TPOT =
 (E2E − TTFT)/(N − 1), ITL per chunk and E2E are per request in both; throughput is vLLM's
@@ -68,15 +72,18 @@ class Load:
     output_len: int
     rate: float | None = None  # open loop: requests/s
     concurrency: int | None = None  # closed loop: clients
+    constant: bool = False  # open loop: evenly spaced arrivals instead of Poisson
 
     def vllm_args(self) -> list[str]:
-        if self.rate is not None:
-            return ["--request-rate", f"{self.rate:g}", "--burstiness", "1"]
+        if self.rate is not None:  # a gamma of shape 1e6: gaps within 0.1 % of 1/R
+            return ["--request-rate", f"{self.rate:g}", "--burstiness",
+                    "1000000" if self.constant else "1"]  # fmt: skip
         return ["--max-concurrency", str(self.concurrency)]
 
     def perfdiag_args(self) -> list[str]:
         if self.rate is not None:
-            return ["--rate", f"{self.rate:g}", "--arrival", "poisson"]
+            return ["--rate", f"{self.rate:g}", "--arrival",
+                    "constant" if self.constant else "poisson"]  # fmt: skip
         return ["-c", str(self.concurrency), "--closed"]
 
 
@@ -253,7 +260,8 @@ def facts(vllm: list[dict], pd_: list[dict], extras: list[dict]) -> list[str]:
 
 
 def describe(load: Load) -> str:
-    how = (f"open loop {load.rate:g} req/s (Poisson)" if load.rate is not None
+    spacing = "constant" if load.constant else "Poisson"
+    how = (f"open loop {load.rate:g} req/s ({spacing})" if load.rate is not None
            else f"closed loop of {load.concurrency}")  # fmt: skip
     return f"{how}, {load.requests} requests, input {load.prompt_len}, output {load.output_len}"
 
@@ -403,7 +411,8 @@ def main() -> None:
     a = p.parse_args()
     common = {"requests": a.requests, "prompt_len": a.prompt_len, "output_len": a.output_len}
     all_loads = (Load("open", rate=a.rate, **common),
-                 Load("closed", concurrency=a.concurrency, **common))  # fmt: skip
+                 Load("closed", concurrency=a.concurrency, **common),
+                 Load("constant", rate=a.rate, constant=True, **common))  # fmt: skip
     loads = tuple(ld for ld in all_loads if ld.name in a.loads.split(","))
     if a.summarise:
         summarise(a.summarise, loads)
