@@ -59,9 +59,14 @@ def _need(rec, *histograms: str) -> Unavailable | None:
     sm = rec[0]
     lacking = [h for h in histograms if h not in sm.histograms or sm.histograms[h].count <= 0]
     if lacking:
-        return Unavailable(f"the server's metrics have no {', '.join(lacking)} histogram "
-                           f"({sm.server})")  # fmt: skip
+        words = ", ".join(_WORDS.get(h, h) for h in lacking)
+        return Unavailable(f"the server's metrics ({sm.server}) have no {words} histogram "
+                           "with observations in the run")  # fmt: skip
     return None
+
+
+_WORDS = {"queue_s": "queue-time", "prefill_s": "prefill-time", "ttft_s": "time-to-first-token",
+          "itl_s": "inter-token-latency"}  # fmt: skip
 
 
 def _quantile_text(sm: ServerMetrics, name: str, q: float) -> str:
