@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,57 +35,12 @@ from perfdiag.traces.reader import load_run
 
 PY = shlex.quote(sys.executable)
 
-FAKE_VLLM = r"""
-import argparse, asyncio, json, sys
-from aiohttp import web
-
-p = argparse.ArgumentParser()
-p.add_argument("--port", type=int)
-p.add_argument("--max-num-seqs", type=int)
-p.add_argument("--token-delay", type=float, default=0.0)
-a = p.parse_args()
-print("INFO fake vLLM starting", flush=True)
-INFO = ('vllm:cache_config_info{block_size="16",enable_prefix_caching="True",'
-        'num_gpu_blocks="364"} 1.0\n')
-
-async def health(r): return web.Response(text="")
-async def version(r): return web.json_response({"version": "0.0.fake"})
-async def models(r): return web.json_response(
-    {"object": "list", "data": [{"id": "m", "owned_by": "vllm", "max_model_len": 512}]})
-async def metrics(r): return web.Response(text=INFO + "vllm:num_requests_running 0.0\n")
-
-async def completions(r):
-    body = await r.json()
-    if not body.get("stream"):
-        return web.json_response({"choices": [{"text": "x", "finish_reason": "length"}]})
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(r)
-    n = body["max_tokens"]
-    for i in range(n):
-        await asyncio.sleep(a.token_delay)
-        choice = {"index": 0, "text": "ab", "token_ids": [i],
-                  "finish_reason": "length" if i == n - 1 else None}
-        await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
-    usage = {"prompt_tokens": 6, "completion_tokens": n, "total_tokens": n + 6}
-    await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
-    return resp
-
-app = web.Application()
-app.router.add_get("/health", health)
-app.router.add_get("/version", version)
-app.router.add_get("/v1/models", models)
-app.router.add_get("/metrics", metrics)
-app.router.add_post("/v1/completions", completions)
-web.run_app(app, host="127.0.0.1", port=a.port, print=None)
-"""
+FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"  # a vLLM look-alike
 
 
 @pytest.fixture
 def fake_vllm(tmp_path):
-    script = tmp_path / "fake_vllm.py"
-    script.write_text(FAKE_VLLM)
-    return f"{PY} {shlex.quote(str(script))}"
+    return f"{PY} {shlex.quote(str(FAKE_VLLM))}"
 
 
 def _options(n: int = 4, output: int = 4) -> RunOptions:
