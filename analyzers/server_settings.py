@@ -56,6 +56,16 @@ KNOBS = {
 }
 
 
+def driven_server(config: dict) -> dict:
+    """The `server` section of a run that drove a server (`perfdiag run --target/--launch`:
+    it has a `kind`); {} otherwise — `perfdiag serve`'s own run also has a `server` section,
+    its HTTP settings beside its engine_config: that is an engine run."""
+    server = (config or {}).get("server")
+    if not isinstance(server, dict) or "engine_config" in (config or {}) or "kind" not in server:
+        return {}
+    return server
+
+
 def _parse(value):
     """Info-metric labels are text: "True", "364", "0.92", "None"."""
     if not isinstance(value, str):
@@ -83,7 +93,7 @@ class ServerSettings:
 
     @classmethod
     def of(cls, config: dict, metrics_server: str | None = None) -> ServerSettings:
-        server = config.get("server") if isinstance(config.get("server"), dict) else {}
+        server = driven_server(config)
         launch = server.get("launch") if isinstance(server.get("launch"), dict) else {}
         info: dict = {}
         for labels in (server.get("info") or {}).values():

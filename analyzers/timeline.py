@@ -25,11 +25,11 @@ from .spans import (
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # vLLM's worker marks each engine step (`execute_context_1(64)_generation_3(3)`: requests in
-# prefill (their tokens), requests decoding (theirs)); a step spans its model execution
-# only, so these windows do not tile the trace: the time between them is the engine
-# loop's own (scheduling, output processing) or no work, and is reported apart
-# (`outside_windows`).
-_VLLM_STEP = re.compile(r"^execute_context_\d+\(\d+\)_generation_\d+\(\d+\)")
+# prefill (their tokens), requests decoding (theirs); with detailed_trace_annotation
+# `execute_67_context_1(sq64…)_generation_3(…)`); a step spans its model execution only,
+# so these windows do not tile the trace: the time between them is the engine loop's own
+# (scheduling, output processing) or no work, and is reported apart (`outside_windows`).
+VLLM_STEP = re.compile(r"^execute_(\d+_)?context_")
 WINDOW_COLUMNS = ["rank_key", "step", "name", "start_ns", "end_ns", "source"]
 OUTSIDE_COLUMNS = ["rank_key", "extent_ns", "inside_ns", "outside_ns", "host_outside_ns"]
 
@@ -97,7 +97,7 @@ def _vllm_windows(rank: int, sub: pd.DataFrame) -> pd.DataFrame | None:
     """vLLM's step annotations as windows of their own extent, numbered in time order;
     None when the rank has none."""
     is_step = category_mask(sub["category"], ["annotation"]) & ~sub["on_gpu"].to_numpy()
-    is_step &= pattern_mask(sub["name"], _VLLM_STEP)
+    is_step &= pattern_mask(sub["name"], VLLM_STEP)
     marks = sub[is_step].sort_values("start_ns").drop_duplicates("start_ns")
     if not len(marks):
         return None

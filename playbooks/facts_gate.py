@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 
 from ..analyzers.findings import IdList
 from ..analyzers.replicas import step_lanes
+from ..analyzers.server_settings import driven_server
 from .facts import Fact, TriageContext, Unavailable, ev, fact, finite
 
 # Client and engine milestones that must come in this order for one request.
@@ -246,13 +247,7 @@ _PINS = {
 
 
 def _server(m) -> dict:
-    """The server a client-only run drove (`perfdiag serve`'s own run also has a `server`
-    section, its HTTP settings beside its engine_config: that is an engine run)."""
-    config = m.config or {}
-    server = config.get("server")
-    if not isinstance(server, dict) or "engine_config" in config or "kind" not in server:
-        return {}
-    return server
+    return driven_server(m.config or {})
 
 
 def _launch(m) -> dict:

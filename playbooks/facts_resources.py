@@ -11,10 +11,10 @@ from ..analyzers.findings import IdList
 from ..analyzers.host import probe_stalls
 from ..analyzers.replicas import busiest_replica
 from ..analyzers.scheduler import KV_FULL, kv_pool, pool_blocks
-from ..analyzers.server_settings import ServerSettings
+from ..analyzers.server_settings import ServerSettings, driven_server
 from .advice import NO_ADVICE, kv_advice
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
-from .facts_target import server_prefill_per_token, server_prefix_hits
+from .facts_target import server_action, server_prefill_per_token, server_prefix_hits
 
 GAP_CAUSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
 
@@ -419,19 +419,16 @@ def prefix_reuse_missed(ctx: TriageContext) -> Fact | Unavailable:
         ),
     )
     action = None
-    server = ctx.config.get("server")
-    if setting is False and not server:
+    if setting is False and not driven_server(ctx.config):
         action = run_action(
             "ttft.p50",
             Setting("engine.prefix_cache", False, True),
             expect=f"about {ms(missed * per_token):.0f} ms less prefill in all",
         )
-    elif setting is False and isinstance(server, dict) and server.get("kind") == "vllm":
-        action = run_action(  # relaunched with vLLM's flag (verify-advice)
-            "ttft.p50",
-            Setting("server.enable_prefix_caching", False, True),
-            expect=f"{int(missed):,} prompt tokens served from the cache",
-        )
+    elif setting is False:  # a launched server, relaunched with its flag (verify-advice)
+        action = server_action(ServerSettings.of(ctx.config), "ttft.p50",
+                               "enable_prefix_caching", False, True,
+                               f"{int(missed):,} prompt tokens served from the cache")  # fmt: skip
     return Fact(
         value if finite(value) else 0.0,
         evidence,

@@ -162,14 +162,20 @@ def _cap(sm: ServerMetrics, settings: ServerSettings) -> int | None:
     return int(cap) if isinstance(cap, int | float) else None
 
 
+def _queued(sm: ServerMetrics):
+    """(running per scrape, which scrapes found requests waiting); None without gauges."""
+    waiting, running = sm.gauge("waiting"), sm.gauge("running")
+    if waiting is None or running is None:
+        return None
+    return running, (waiting > 0).reindex(running.index, fill_value=False)
+
+
 def _held_at(sm: ServerMetrics, cap: int | None) -> float | None:
     """Share of the scrapes with requests waiting in which `running` was at `cap`."""
-    waiting, running = sm.gauge("waiting"), sm.gauge("running")
-    if cap is None or waiting is None or running is None:
+    got = _queued(sm)
+    if cap is None or got is None or not got[1].any():
         return None
-    queued = (waiting > 0).reindex(running.index, fill_value=False)
-    if not queued.any():
-        return None
+    running, queued = got
     return float((running[queued] >= cap).mean())
 
 
@@ -230,11 +236,11 @@ def server_seq_cap(ctx: TriageContext) -> Fact | Unavailable:
         ev("advice", "advice", advice),
     )
     expect = f"the queue held by the cap ({ms(queue * held):.0f} ms a request) gone"
-    action = _action(settings, "ttft.p50", "max_num_seqs", cap, suggested, expect)
+    action = server_action(settings, "ttft.p50", "max_num_seqs", cap, suggested, expect)
     return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0, action=action)
 
 
-def _action(settings: ServerSettings, target: str, name: str, now, to, expect: str):
+def server_action(settings: ServerSettings, target: str, name: str, now, to, expect: str):
     """A relaunch with vLLM's flag changed (verify-advice); None for other servers, whose
     flags differ."""
     if settings.kind != "vllm":
@@ -266,7 +272,8 @@ def server_kv_pressure(ctx: TriageContext) -> Fact | Unavailable:
     capacity_share = (float((cap_wait > 0).mean()) if cap_wait is not None and len(cap_wait)
                       else float("nan"))  # fmt: skip
     blocks, block = settings.get("num_blocks"), settings.get("block_size")
-    advice = _kv_advice(ctx, settings, blocks, block, served, sm)
+    need = _blocks_needed(block, served, sm)
+    advice = _kv_advice(ctx, settings, blocks, block, need)
     evidence = (
         ev("source", "evidence from", sm.source("preemptions", "kv_usage", "waiting_capacity")),
         ev("preemptions", "preemptions", int(preemptions)),
@@ -285,15 +292,16 @@ def server_kv_pressure(ctx: TriageContext) -> Fact | Unavailable:
     )
     value = preemptions / finished if finished > 0 else 0.0
     action = None
-    needed = _blocks_needed(settings, block, served, sm)
-    if "num_gpu_blocks_override" in settings.args and needed is not None:
-        action = _action(settings, "e2e.p50", "num_gpu_blocks_override", blocks, needed,
-                         "no preemption; no request's work done twice")  # fmt: skip
+    if "num_gpu_blocks_override" in settings.args and need is not None:
+        action = server_action(settings, "e2e.p50", "num_gpu_blocks_override", blocks, need[0],
+                               "no preemption; no request's work done twice")  # fmt: skip
+
     return Fact(value, evidence, impact=min(1.0, value), action=action)
 
 
-def _blocks_needed(settings: ServerSettings, block, served, sm) -> int | None:
-    """Blocks for the peak of running requests at their longest (prompt + output)."""
+def _blocks_needed(block, served, sm) -> tuple[int, int, int] | None:
+    """(blocks, peak running, blocks per request) for the peak of running requests at
+    their longest (prompt + output); None without what it takes."""
     running = sm.gauge("running")
     peak = int(running.max()) if running is not None and len(running) else 0
     tokens = (served["prompt_tokens"].to_numpy(np.float64)
@@ -301,28 +309,23 @@ def _blocks_needed(settings: ServerSettings, block, served, sm) -> int | None:
     tokens = tokens[np.isfinite(tokens)]
     if not (isinstance(block, int) and block > 0 and peak and len(tokens)):
         return None
-    return peak * math.ceil(float(tokens.max()) / block)
+    per_request = math.ceil(float(tokens.max()) / block)
+    return peak * per_request, peak, per_request
 
 
-def _kv_advice(ctx, settings: ServerSettings, blocks, block, served, sm) -> str:
+def _kv_advice(ctx, settings: ServerSettings, blocks, block, need) -> str:
     on_gpu = bool(ctx.run.manifest.environment.get("gpus"))
     knob = settings.kv_knob(on_gpu) or "the KV cache's memory"
-    running = sm.gauge("running")
-    peak = int(running.max()) if running is not None and len(running) else None
-    tokens = served["prompt_tokens"].to_numpy(np.float64) + served["output_tokens"].to_numpy(
-        np.float64
-    )
-    if not (isinstance(blocks, int) and isinstance(block, int) and peak and len(tokens)):
+    if not (isinstance(blocks, int) and need is not None):
         return f"Give the KV cache more memory ({knob}), or lower the sequence cap."
-    per_request = math.ceil(float(np.nanmax(tokens)) / block)
-    needed = peak * per_request
-    need = (f"{needed} blocks of {block} tokens ({peak} requests × {per_request} blocks at "
+    needed, peak, per_request = need
+    load = (f"{needed} blocks of {block} tokens ({peak} requests × {per_request} blocks at "
             "their longest)")  # fmt: skip
     if "num_gpu_blocks_override" in settings.args:  # the launch capped the pool, not memory
         override = settings.knob("num_blocks") or "the block-count override"
-        advice = f"{override} {needed} or drop it (now {blocks}): the load needs about {need}"
+        advice = f"{override} {needed} or drop it (now {blocks}): the load needs about {load}"
     else:
-        advice = f"{knob}: room for about {need}, against {blocks} now"
+        advice = f"{knob}: room for about {load}, against {blocks} now"
         kv_bytes = settings.get("kv_cache_memory_bytes")
         if isinstance(kv_bytes, int | float) and kv_bytes > 0 and blocks > 0:
             want = kv_bytes * needed / blocks
@@ -396,7 +399,9 @@ def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
     action = None
     if sliced:
         expect = f"prompts in one step; about {ms(extra + held):.0f} ms less TTFT"
-        action = _action(settings, "ttft.p50", "max_num_batched_tokens", budget, suggested, expect)
+        action = server_action(
+            settings, "ttft.p50", "max_num_batched_tokens", budget, suggested, expect
+        )
     return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0, action=action)
 
 
@@ -405,10 +410,10 @@ def _held_by_budget(sm: ServerMetrics, cap: int | None) -> float:
     KV cache held them: running below the cap and KV usage below full. vLLM's scheduler
     admits a waiting request unless the cap, the KV blocks or the step's token budget stop
     it, so what is left is the budget. NaN without the gauges."""
-    waiting, running = sm.gauge("waiting"), sm.gauge("running")
-    if waiting is None or running is None:
+    got = _queued(sm)
+    if got is None:
         return float("nan")
-    queued = (waiting > 0).reindex(running.index, fill_value=False)
+    running, queued = got
     if not queued.any():
         return 0.0
     free = running < cap if cap is not None else running == running

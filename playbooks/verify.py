@@ -25,6 +25,7 @@ from ..analyzers.findings import Finding, Triage
 from ..errors import ConfigError
 from ..probes.faults import FaultOptions
 from ..probes.run_options import RunOptions
+from ..probes.server_args import with_flag
 from ..probes.server_launch import LaunchSpec
 from ..traces.reader import Run
 from .facts import TriageContext
@@ -88,9 +89,6 @@ def rerun_options(run: Run, action: Action) -> tuple[RunOptions, FaultOptions | 
 def _relaunch(config: dict, options: RunOptions, action: Action):
     """The launched server's command with the action's flags changed (the same workload);
     or why it cannot be relaunched."""
-    from ..probes.server_args import with_flag
-    from ..probes.server_launch import LaunchSpec
-
     launch = (config.get("server") or {}).get("launch")
     if not isinstance(launch, dict) or not launch.get("argv"):
         return ("the server was started elsewhere: relaunch it with "

@@ -199,18 +199,15 @@ def steal_pct(before, after) -> float | None:
 
 def record_http_run(options: RunOptions, out_dir: Path, command: list[str] | None = None,
                     on_progress: ProgressCallback | None = None, progress_interval_s: float = 0.25,
-                    *, http: HttpOptions | None = None, launch: LaunchSpec | None = None,
+                    *, http: HttpOptions,
                     on_launched: Callable[[LaunchedServer], None] | None = None,
                     ) -> SessionResult:  # fmt: skip
     """Like `session.record_run` (same call), against `http.url` instead of an engine.
-    With `launch` (or `http.launch`) the server is started first (its log kept in the run
-    as server/server.log, `on_launched` told once it is healthy) and stopped at the end,
+    With `http.launch` the server is started first (its log kept in the run as
+    server/server.log, `on_launched` told once it is healthy) and stopped at the end,
     whatever happens: done, failed, Ctrl-C or SIGTERM."""
     out_dir = Path(out_dir)
-    http = http if http is not None else HttpOptions(launch=launch)
-    launch = launch or http.launch
-    if http.server_profile is not None:
-        check_launch(launch)
+    launch = http.launch
     created = _claim_directory(out_dir)
     planned = server = profiler = None
     try:
@@ -225,7 +222,7 @@ def record_http_run(options: RunOptions, out_dir: Path, command: list[str] | Non
             if on_launched is not None:
                 on_launched(server)
         status = asyncio.run(_main(options, http, planned, out_dir, command, progress,
-                                   on_progress, progress_interval_s, server, launch,
+                                   on_progress, progress_interval_s, server,
                                    profiler))  # fmt: skip
     except BaseException:
         # Nothing recorded yet (bad target, unreachable, a server that did not start):
@@ -243,7 +240,7 @@ def record_http_run(options: RunOptions, out_dir: Path, command: list[str] | Non
 
 
 async def _main(options, http, planned, out_dir, command, progress, on_progress, interval,
-                server=None, launch=None, profiler=None):  # fmt: skip
+                server=None, profiler=None):  # fmt: skip
     writer = scraper = None
     target = HttpTarget(server.url if server is not None else http.url, api_key=http.api_key,
                         model=http.model, prompt_format=http.prompt_format,
@@ -260,7 +257,7 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         recorded = {k: v for k, v in options.to_dict().items() if k not in ("engine", "probes")}
         facts = await server_facts(target.session, target.url, target._headers())
         kind = server_kind(server.argv) if server is not None else "unknown"
-        launched = None if server is None else launch_record(server, launch, RUN_LOG)
+        launched = None if server is None else launch_record(server, http.launch, RUN_LOG)
         described = {"kind": kind if kind != "unknown" else kind_from_models(facts["models"]),
                      **facts, "launch": launched}  # fmt: skip
         if profiler is not None:  # launch.argv stays the user's (a relaunch starts it)
@@ -280,7 +277,6 @@ async def _main(options, http, planned, out_dir, command, progress, on_progress,
         counters = writer.table("counters").append
         monitor = LoopMonitor(counters)
         tasks.append(asyncio.create_task(monitor.run()))
-        scraper = None
         if http.scrape_period_s:
             scraper = MetricsScraper(target.session, f"{target.url}/metrics", counters,
                                      http.scrape_period_s, target._headers())  # fmt: skip

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from .server_args import parse_server_args
+from .server_args import parse_server_args, with_flag
 
 POLL_S = 0.5  # between two /health checks
 STOP_GRACE_S = 20.0
@@ -125,15 +125,7 @@ def with_port(argv: list[str], host: str = "127.0.0.1") -> tuple[list[str], int]
     if port is not None and port != 0:
         return list(argv), port
     port = free_port(host)
-    out, i = [], 0
-    while i < len(argv):  # drop a `--port 0`
-        if argv[i] == "--port":
-            i += 2
-            continue
-        if not argv[i].startswith("--port="):
-            out.append(argv[i])
-        i += 1
-    return [*out, "--port", str(port)], port
+    return with_flag(argv, "--port", port), port  # a `--port 0` replaced
 
 
 def free_port(host: str = "127.0.0.1") -> int:

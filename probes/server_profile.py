@@ -42,9 +42,6 @@ POLL_S = 0.5
 STABLE_POLLS = 2  # sizes unchanged over this many polls: written
 STALL_NOTE_S = 1.0  # a /stop_profile this long is said: the engine stood still meanwhile
 CALL_TIMEOUT_S = 120.0  # /stop_profile returns once the workers have written their traces
-# vLLM's per-step annotation: `execute_context_1(64)_generation_3(3)`, or with
-# detailed_trace_annotation `execute_67_context_1(sq64…)_generation_3(…)`.
-STEP = re.compile(r"^execute_(\d+_)?context_")
 WORKER_RANK = re.compile(r"(?:^|_)rank(\d+)\.\d+\.pt\.trace\.json")  # vLLM's worker name
 
 
@@ -332,6 +329,7 @@ class ServerProfiler:
         """The offset that puts the trace on the run's clock (`run_ns = trace_ns + offset`,
         from both manifests' wall-clock origins) and whether vLLM's step annotations fall
         inside the window the calls bracket (± the clocks' uncertainty)."""
+        from ..analyzers.timeline import VLLM_STEP  # vLLM's step annotations
         from ..traces.reader import load_run
 
         run = load_run(self.run_dir / TRACE_RUN)
@@ -346,7 +344,7 @@ class ServerProfiler:
         if extent is not None:
             out["trace_ns"] = [extent[0] + offset, extent[1] + offset]
         spans = run.arrow("spans", ["name", "start_ns", "dur_ns"]).to_pandas()
-        steps = spans[spans["name"].astype(str).str.match(STEP)]
+        steps = spans[spans["name"].astype(str).str.match(VLLM_STEP)]
         window = self.window_ns()
         if len(steps):
             first = int(steps["start_ns"].min()) + offset

@@ -141,11 +141,13 @@ def test_telling_line(tmp_path):
 
 # ---- launching ---------------------------------------------------------------------------
 def test_launch_drive_stop_a_vllm_look_alike(tmp_path, fake_vllm):
-    from perfdiag.probes.http_session import record_http_run
+    from perfdiag.probes.http_session import HttpOptions, record_http_run
 
     spec = LaunchSpec(f"{fake_vllm} --max-num-seqs 2", env={"FAKE_FLAG": "1"})
     seen = []
-    result = record_http_run(_options(), tmp_path / "run", launch=spec, on_launched=seen.append)
+    result = record_http_run(
+        _options(), tmp_path / "run", http=HttpOptions(launch=spec), on_launched=seen.append
+    )
     assert result.status == "complete"
     run = load_run(tmp_path / "run")
     server = run.manifest.config["server"]
@@ -164,10 +166,12 @@ def test_launch_drive_stop_a_vllm_look_alike(tmp_path, fake_vllm):
 
 
 def test_launch_perfdiag_serve_end_to_end(tmp_path, started):
-    from perfdiag.probes.http_session import record_http_run
+    from perfdiag.probes.http_session import HttpOptions, record_http_run
 
     command = f"{PY} -m perfdiag serve --preset tiny --kv-blocks 64 --max-seqs 2 --no-record"
-    result = record_http_run(_options(), tmp_path / "run", launch=LaunchSpec(command))
+    result = record_http_run(
+        _options(), tmp_path / "run", http=HttpOptions(launch=LaunchSpec(command))
+    )
     assert result.status == "complete"
     run = load_run(tmp_path / "run")
     config = run.manifest.config
@@ -189,12 +193,12 @@ def test_launch_perfdiag_serve_end_to_end(tmp_path, started):
 
 
 def test_a_server_that_exits_at_once(tmp_path, started):
-    from perfdiag.probes.http_session import record_http_run
+    from perfdiag.probes.http_session import HttpOptions, record_http_run
 
     code = "import sys; print('INFO parsing'); print('Error: bad flag'); sys.exit(2)"
     command = f"{PY} -c {shlex.quote(code)}"
     with pytest.raises(ServerStartError) as e:
-        record_http_run(_options(), tmp_path / "run", launch=LaunchSpec(command))
+        record_http_run(_options(), tmp_path / "run", http=HttpOptions(launch=LaunchSpec(command)))
     message = str(e.value)
     assert "exited with code 2" in message and "Error: bad flag" in message
     assert "\n" not in message
