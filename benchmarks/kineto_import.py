@@ -22,7 +22,7 @@ from pathlib import Path
 
 from perfdiag.traces.environment import cpu_model, package_version
 
-V100 = Path(__file__).resolve().parents[2] / "shared/data/kineto/v100_train_ns_resolution.json.gz"
+V100 = Path(__file__).resolve().parents[1] / "tests/data/kineto/v100_train_ns_resolution.json.gz"
 KERNELS = [
     "volta_sgemm_128x64_nn",
     "void at::native::vectorized_elementwise_kernel<4>",

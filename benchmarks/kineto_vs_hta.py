@@ -3,7 +3,7 @@ files, interleaved, each in a fresh interpreter (issue 16); with --decoders, the
 decoders that could replace the stdlib one, on the same text (msgspec was chosen so).
 
 HTA and the decoders live in their own environment (build/hta-venv, made here on first
-use from PyPI) so they cannot disturb perfdiag's. Traces: the shared real V100 training
+use from PyPI) so they cannot disturb perfdiag's. Traces: the real V100 training
 trace (68,692 events) and the same trace's events repeated K times (times shifted past
 the previous copy, correlation/flow/External ids and step numbers offset): a real
 trace's content at 100k–1M events.
@@ -35,7 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-V100 = ROOT.parent / "shared/data/kineto/v100_train_ns_resolution.json.gz"
+V100 = ROOT / "tests/data/kineto/v100_train_ns_resolution.json.gz"
 HTA_VENV = ROOT / "build/hta-venv"
 HTA_PACKAGES = ["holistictraceanalysis==0.5.0", "orjson", "msgspec", "pysimdjson", "duckdb"]
 
@@ -283,7 +283,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     if not V100.exists():
-        raise SystemExit(f"{V100}: the shared real trace is not here")
+        raise SystemExit(f"{V100}: the real trace is not here")
     hta_py = hta_python()
     print(f"machine: {machine()}; HTA 0.5.0 in {HTA_VENV}; median of {args.rounds} interleaved "
           "rounds, each in a fresh interpreter (imports excluded)")  # fmt: skip

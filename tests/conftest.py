@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# Real Kineto traces (HTA's test data, MIT: tests/data/kineto/LICENSE); in the repository,
+# so a missing file is a failure, never a skip.
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -9,8 +9,7 @@ import pytest
 from perfdiag.analyzers.ceilings import datasheet_for, named, resolve
 from perfdiag.errors import ConfigError
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
-KINETO = SHARED_DATA / "kineto"
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 GB = 10**9
 
 # (name as reported, what the run recorded about it or None, the entry it must get)
@@ -113,7 +112,6 @@ def test_hardware_names():
         named("TPU v5")
 
 
-@pytest.mark.skipif(not KINETO.is_dir(), reason=f"shared Kineto traces not found at {KINETO}")
 def test_shared_traces_get_their_devices_ceilings(tmp_path, cli):
     import perfdiag
     from perfdiag.analyzers.roofline import roofline_report

@@ -15,7 +15,7 @@ from perfdiag.analyzers.critical_path import critical_path
 from perfdiag.analyzers.spans import prepare
 from perfdiag.analyzers.timeline import windows
 
-SHARED = Path(__file__).resolve().parents[2] / "shared/data/kineto"
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 US = 1000  # ns
 
 
@@ -155,9 +155,7 @@ def test_path_is_cut_at_step_boundaries():
     "name", ["v100_train_ns_resolution", "a100_alexnet_cuda_sync", "a100_nccl_comm"]
 )
 def test_real_traces_replay_and_tile(name, tmp_path, cli):
-    path = SHARED / f"{name}.json.gz"
-    if not path.exists():
-        pytest.skip(f"{path} is not here (shared/data)")
+    path = KINETO / f"{name}.json.gz"
     cli("import", str(path), "-o", str(tmp_path / "run"))
     from perfdiag.analyzers.spans import timeline_spans
     from perfdiag.traces.reader import load_run
@@ -214,9 +212,7 @@ HTA_ALEXNET = {
 def test_agrees_with_hta_on_the_alexnet_trace(tmp_path, cli):
     """Over the whole trace, as HTA measures it: host 99.86 % (HTA's cpu_bound 99.83 %),
     GPU work 0.136 % (0.140 %), launch overhead 0.0046 % (0.0047 %)."""
-    path = SHARED / "a100_alexnet_cuda_sync.json.gz"
-    if not path.exists():
-        pytest.skip(f"{path} is not here (shared/data)")
+    path = KINETO / "a100_alexnet_cuda_sync.json.gz"
     cli("import", str(path), "-o", str(tmp_path / "run"))
     from perfdiag.analyzers.spans import timeline_spans
     from perfdiag.traces.reader import load_run

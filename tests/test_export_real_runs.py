@@ -16,9 +16,7 @@ import perfdiag
 from perfdiag.traces.exporters import export_run
 from perfdiag.traces.importers.kineto import import_kineto
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
-KINETO = SHARED_DATA / "kineto"
-needs_shared = pytest.mark.skipif(not KINETO.exists(), reason="shared/data/kineto not present")
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 
 
 def chrome_doc(path: Path) -> dict:
@@ -97,8 +95,6 @@ def test_recorded_run_to_tensorboard(recorded, tmp_path):
 
 @pytest.fixture(scope="module")
 def v100(tmp_path_factory):
-    if not KINETO.exists():
-        pytest.skip("shared/data/kineto not present")
     out = tmp_path_factory.mktemp("kineto") / "v100"
     import_kineto([KINETO / "v100_train_ns_resolution.json.gz"], out)
     return perfdiag.load_run(out)
@@ -109,7 +105,6 @@ def kernel_totals(run) -> tuple[int, int]:
     return len(k), int(k["dur_ns"].sum())
 
 
-@needs_shared
 def test_kineto_import_to_perfetto_keeps_kernels(v100, tmp_path):
     result = export_run(v100, "perfetto", tmp_path / "t.pftrace")
     d = V.validate(result.path)
@@ -121,7 +116,6 @@ def test_kineto_import_to_perfetto_keeps_kernels(v100, tmp_path):
     assert d.track_named("thread 1102 (pt_main_thread)")  # the importer's thread names
 
 
-@needs_shared
 def test_kineto_import_to_chrome_keeps_kernels(v100, tmp_path):
     result = export_run(v100, "chrome", tmp_path / "t.json")
     doc = chrome_doc(result.path)
@@ -131,7 +125,6 @@ def test_kineto_import_to_chrome_keeps_kernels(v100, tmp_path):
     assert all(e["args"]["correlation"] for e in kernels)  # Kineto's own args, kept
 
 
-@needs_shared
 @pytest.mark.parametrize(
     "files",
     [

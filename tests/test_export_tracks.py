@@ -6,13 +6,11 @@ from __future__ import annotations
 import gzip
 import json
 
-import pytest
-from conftest import SHARED_DATA
+from conftest import KINETO
 
-TRACE = SHARED_DATA / "kineto" / "a100_alexnet_cuda_sync.json.gz"
+TRACE = KINETO / "a100_alexnet_cuda_sync.json.gz"
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="the shared traces are not here")
 def test_context_sync_is_on_no_stream(tmp_path, cli):
     run, out = tmp_path / "run", tmp_path / "trace.json.gz"
     assert cli("import", TRACE, "--out", run).returncode == 0

@@ -19,8 +19,8 @@ from perfdiag.traces.importers import chrome_stream
 from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.importers.kineto_events import FastReadFailed, KinetoFileReader
 
-KINETO = Path(__file__).resolve().parents[2] / "shared" / "data" / "kineto"
-SHARED = sorted(KINETO.glob("*.json.gz")) if KINETO.is_dir() else []
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
+REAL = sorted(KINETO.glob("*.json.gz"))
 COLUMNS = ("name", "category", "start_ns", "dur_ns", "pid", "tid", "device", "stream", "rank",
            "step_id", "correlation", "flops", "bytes", "args")  # fmt: skip
 
@@ -58,9 +58,8 @@ def _same(path: Path) -> bool:
     return True
 
 
-@pytest.mark.skipif(not SHARED, reason="../shared/data/kineto is not here")
-@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_shared_traces_read_the_same(path):
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name)
+def test_real_traces_read_the_same(path):
     with mock.patch.object(chrome_stream, "BATCH_CHARS", 1 << 16):  # many batch cuts
         assert _same(path)
 

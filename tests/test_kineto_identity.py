@@ -12,12 +12,8 @@ from perfdiag.errors import ConfigError
 from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.importers.kineto_identity import read_identity, tail_members
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
-KINETO = SHARED_DATA / "kineto"
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 EXCERPT = Path(__file__).parent / "data" / "kineto_excerpt.json"
-needs_shared = pytest.mark.skipif(
-    not KINETO.is_dir(), reason=f"shared Kineto traces not found at {KINETO}"
-)
 
 
 def _excerpt(info: dict | None, where: str = "before", device: str | None = None) -> dict:
@@ -147,7 +143,6 @@ def test_disagreeing_files_are_warned_about(tmp_path):
     assert run.manifest.extra["kineto"]["warnings"] == s.warnings
 
 
-@needs_shared
 def test_shared_traces_of_one_rank_are_refused_in_one_line(tmp_path, cli):
     a, b = KINETO / "a100_alexnet_cuda_sync.json.gz", KINETO / "a100_nccl_comm.json.gz"
     r = cli("import", a, b, "--out", tmp_path / "run")
@@ -162,7 +157,6 @@ def test_shared_traces_of_one_rank_are_refused_in_one_line(tmp_path, cli):
     assert "perfdiag: warning: the traces start" in ok.stderr
 
 
-@needs_shared
 def test_shared_traces_of_two_jobs_are_warned_about(tmp_path):
     files = [KINETO / "a100_nccl_comm.json.gz", KINETO / "sampled_rank-1.json.gz"]
     s = import_kineto(files, tmp_path / "run")

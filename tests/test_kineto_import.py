@@ -14,13 +14,8 @@ from perfdiag.traces.importers.chrome_stream import ChromeTraceStream, TraceForm
 from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.importers.kineto_events import to_ns
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
-
-KINETO = SHARED_DATA / "kineto"
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 EXCERPT = Path(__file__).parent / "data" / "kineto_excerpt.json"
-needs_shared = pytest.mark.skipif(
-    not KINETO.is_dir(), reason=f"shared Kineto traces not found at {KINETO}"
-)
 T0_NS = 1712195495500000 * 1000
 
 
@@ -99,7 +94,17 @@ def test_ranks_import_together_on_one_time_base(tmp_path):
     assert [f["rank"] for f in run.manifest.extra["kineto"]["files"]] == [0, 1]
 
 
-@needs_shared
+def test_the_real_traces_and_their_licence_are_in_the_repository():
+    """A clone runs every real-trace test: the traces are committed, not looked up outside."""
+    traces = {"v100_train_ns_resolution", "sampled_rank-0", "sampled_rank-1", "cpu_only",
+              "a100_alexnet_cuda_sync", "a100_nccl_comm", "a100_triton_kernel",
+              "mi250_rocm"}  # fmt: skip
+    assert {f"{t}.json.gz" for t in traces} | {"LICENSE", "README.md"} <= {
+        p.name for p in KINETO.iterdir()
+    }
+    assert "Copyright (c) Meta Platforms, Inc. and affiliates." in (KINETO / "LICENSE").read_text()
+
+
 def test_every_shared_trace_imports(tmp_path):
     traces = sorted(KINETO.glob("*.json.gz"))
     assert len(traces) >= 8
@@ -120,7 +125,6 @@ def test_every_shared_trace_imports(tmp_path):
     assert kernel["correlation"] == launch["correlation"]
 
 
-@needs_shared
 def test_v100_ns_timestamps_match_the_decimal_text(tmp_path):
     trace = KINETO / "v100_train_ns_resolution.json.gz"
     import_kineto([trace], tmp_path / "run")
@@ -136,8 +140,6 @@ def test_v100_ns_timestamps_match_the_decimal_text(tmp_path):
 
 
 def test_two_ranks_of_the_shared_job(tmp_path):
-    if not KINETO.is_dir():
-        pytest.skip(f"shared Kineto traces not found at {KINETO}")
     files = [KINETO / "sampled_rank-0.json.gz", KINETO / "sampled_rank-1.json.gz"]
     summary = import_kineto(files, tmp_path / "run")
     run = perfdiag.load_run(tmp_path / "run")
@@ -253,7 +255,6 @@ def _sorted_spans(run_dir):
     return spans.sort_values(["start_ns", "name", "dur_ns"]).reset_index(drop=True)
 
 
-@needs_shared
 def test_parallel_read_equals_one_process(tmp_path, monkeypatch):
     from perfdiag.traces.importers import kineto_parallel
 

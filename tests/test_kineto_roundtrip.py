@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 import perfdiag
 from perfdiag.traces.exporters import export_run
@@ -14,8 +13,7 @@ from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.schema import Span
 from perfdiag.traces.writer import RunWriter
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
-KINETO = SHARED_DATA / "kineto"
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 EXCERPT = Path(__file__).parent / "data" / "kineto_excerpt.json"
 KEY = ["name", "category", "abs_ns", "dur_ns", "device", "stream", "rank", "correlation"]
 
@@ -154,7 +152,6 @@ def test_tensorboard_device_properties_of_a_recorded_run():
     assert device_properties(None) == [] and device_properties([3]) == []
 
 
-@pytest.mark.skipif(not KINETO.is_dir(), reason=f"shared Kineto traces not found at {KINETO}")
 def test_shared_two_rank_job_round_trips_through_chrome(tmp_path):
     files = [KINETO / "sampled_rank-0.json.gz", KINETO / "sampled_rank-1.json.gz"]
     import_kineto(files, tmp_path / "run")

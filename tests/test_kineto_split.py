@@ -19,7 +19,7 @@ from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.importers.kineto_events import KinetoFileReader
 from perfdiag.traces.importers.kineto_split import Helper, SplitRead, SplitReadFailed
 
-KINETO = Path(__file__).resolve().parents[2] / "shared" / "data" / "kineto"
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 V100 = KINETO / "v100_train_ns_resolution.json.gz"
 NCCL = KINETO / "a100_nccl_comm.json.gz"
 COLUMNS = ("name", "category", "start_ns", "dur_ns", "pid", "tid", "device", "stream", "rank",
@@ -68,7 +68,6 @@ def _read(path: Path, tmp: Path, cut: float | int | None):
     return spans, counters, counts, split
 
 
-@pytest.mark.skipif(not V100.exists(), reason="../shared/data/kineto is not here")
 @pytest.mark.parametrize(("path", "cut", "fork"),
                          [(V100, 0.3, True), (V100, 0.77, True), (NCCL, 0.5, True),
                           (V100, 0.5, False)],
@@ -177,7 +176,6 @@ def _same_run(tmp_path, path: Path, cut=0.5) -> dict:
     return meta_a
 
 
-@pytest.mark.skipif(not V100.exists(), reason="../shared/data/kineto is not here")
 def test_a_split_import_is_the_one_process_import(tmp_path):
     meta = _same_run(tmp_path, V100)
     assert meta["workers"] == 2 and meta["front_end"] == "fast"

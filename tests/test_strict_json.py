@@ -14,8 +14,7 @@ import pytest
 
 from perfdiag.cli.json_output import json_text
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
-KINETO = SHARED_DATA / "kineto"
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 EXCERPT = Path(__file__).parent / "data" / "kineto_excerpt.json"
 CLI_DIR = Path(__file__).resolve().parents[1] / "cli"
 TINY = ["--preset", "tiny", "--kv-cache-mb", "4", "-q", "--no-device-sampling",
@@ -40,7 +39,7 @@ def _ok(result) -> object:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A recorded run (profiled steps: spans without kernels), an imported trace with
-    kernels, and, with the shared traces, one without any GPU work."""
+    kernels, and a real trace without any GPU work."""
     from conftest import run_cli
 
     from perfdiag.traces.importers.kineto import import_kineto
@@ -49,11 +48,8 @@ def runs(tmp_path_factory):
     r = run_cli("run", *TINY, "-n", "3", "--profile-steps", "1:3", "--out", tmp / "recorded")
     assert r.returncode == 0, r.stderr
     import_kineto([EXCERPT], tmp / "imported")
-    out = {"recorded": tmp / "recorded", "imported": tmp / "imported"}
-    if KINETO.is_dir():
-        import_kineto([KINETO / "cpu_only.json.gz"], tmp / "cpu_only")
-        out["cpu_only"] = tmp / "cpu_only"
-    return out
+    import_kineto([KINETO / "cpu_only.json.gz"], tmp / "cpu_only")
+    return {name: tmp / name for name in ("recorded", "imported", "cpu_only")}
 
 
 def test_json_text_is_strict():
@@ -75,8 +71,6 @@ def test_json_text_is_strict():
 
 @pytest.mark.parametrize("which", ["recorded", "imported", "cpu_only"])
 def test_run_commands_write_strict_json(runs, which, cli, tmp_path):
-    if which not in runs:
-        pytest.skip(f"shared Kineto traces not found at {KINETO}")
     run = runs[which]
     timeline = _ok(cli("timeline", run, "--json"))
     assert "kernels_linked" in timeline  # NaN before: a run without kernels

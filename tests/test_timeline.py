@@ -21,10 +21,10 @@ from perfdiag.analyzers.report import timeline_report
 from perfdiag.analyzers.spans import CLASSES
 from perfdiag.traces.importers.kineto import import_kineto
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 
 EXCERPT = Path(__file__).parent / "data" / "kineto_excerpt.json"
-V100 = SHARED_DATA / "kineto" / "v100_train_ns_resolution.json.gz"
+V100 = KINETO / "v100_train_ns_resolution.json.gz"
 T0 = 1712195495500000 * 1000
 PARTS = [f"{c}_ns" for c in CLASSES] + ["idle_ns"]
 
@@ -42,8 +42,6 @@ def excerpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def v100(tmp_path_factory):
-    if not V100.exists():
-        pytest.skip(f"shared V100 trace not found at {V100}")
     out = tmp_path_factory.mktemp("v100") / "run"
     import_kineto([V100], out)
     run = perfdiag.load_run(out)
@@ -139,9 +137,8 @@ def test_v100_timelines(v100):
     assert gpu["idle_ns"] == rep.gaps["dur_ns"].sum() + (first - lo) + (hi - last)
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "kineto").is_dir(), reason="shared traces not found")
 def test_every_shared_trace_gets_timelines(tmp_path):
-    for trace in sorted((SHARED_DATA / "kineto").glob("*.json.gz")):
+    for trace in sorted(KINETO.glob("*.json.gz")):
         if trace.name.startswith("v100"):
             continue  # covered above
         out = tmp_path / trace.name.split(".")[0]

@@ -13,7 +13,7 @@ from perfdiag.analyzers.trace_diff import trace_diff
 from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.reader import load_run
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # as in conftest.py
+KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 T0_US = 1_700_000_000_000_000
 
 
@@ -177,10 +177,11 @@ def test_other_gpus_are_one_line_each(tmp_path, cli):
 
 # -- the two real traces HTA's TraceDiff is tested on -----------------------------------
 # HTA (MIT) tests/data/trace_diff/{control/control,test/test}.json.gz: one recommendation
-# model (TorchRec), the test trace with torch.compile and CUDA graphs. Looked for in the
-# shared data, or in $PERFDIAG_TRACE_DIFF_DIR (a folder holding control.json.gz, test.json.gz).
+# model (TorchRec), the test trace with torch.compile and CUDA graphs. Not in the repository
+# (tests/data/kineto lacks them): looked for there or in $PERFDIAG_TRACE_DIFF_DIR (a folder
+# holding control.json.gz, test.json.gz), skipped without them.
 def _hta_pair() -> tuple[Path, Path] | None:
-    roots = [SHARED_DATA / "kineto" / "trace_diff", SHARED_DATA / "kineto"]
+    roots = [KINETO / "trace_diff", KINETO]
     if os.environ.get("PERFDIAG_TRACE_DIFF_DIR"):
         roots.insert(0, Path(os.environ["PERFDIAG_TRACE_DIFF_DIR"]))
     for root in roots:
@@ -199,7 +200,7 @@ HTA_PAIR = _hta_pair()
 
 @pytest.mark.skipif(
     HTA_PAIR is None,
-    reason="HTA's trace_diff control/test traces not found in shared/data/kineto "
+    reason="HTA's trace_diff control/test traces not found in tests/data/kineto "
     "(or $PERFDIAG_TRACE_DIFF_DIR)",
 )
 def test_the_known_differences_of_two_real_traces_come_first(tmp_path, cli):
