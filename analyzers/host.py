@@ -9,12 +9,19 @@ Evidence, per step (probes/recorder.py) and per sample (probes/device_sampler.py
 - the machine's busy cores (Σ per-core utilisation) against the process's own: what the
   rest of the machine took; steal time where the hypervisor reports it.
 
-A step is *starved* when the process was preempted at least STARVED_SWITCHES_PER_S times
-per second during it, or when other processes held at least OTHERS_SHARE of the cores
-while the machine was saturated. A step computed on the CPU that ran longer than the
-step cost model explains by about the CPU it did not get, without either sign, *waited
-for CPU* (`_waited_for_cpu`): an inflation reason of its own, since without the
-sampler a wait for cores and a wait on the disk look alike.
+A step is *starved* when the process was preempted at least STARVED_SWITCHES_PER_CORE_S
+times per second during it for each core it keeps busy (its threads are preempted one by
+one: a process running 30 threads at once is preempted 30 times as often as one running
+one, for the same contention), while the sampler saw other processes at work (at least
+OTHERS_PRESENT_SHARE of the machine's cores); or when other processes held at least
+OTHERS_SHARE of the cores while the machine was saturated. Every host threshold is a
+share of the machine or of the process's own cores, so 0.25 cores of daemons or a
+serving process's own oversubscribed threads on a 100-core GPU node are not contention.
+
+A step computed on the CPU that ran longer than the step cost model explains by about
+the CPU it did not get, without either sign, *waited for CPU* (`_waited_for_cpu`): an
+inflation reason of its own, since without the sampler a wait for cores and a wait on
+the disk look alike.
 
 The time a starved step lost is estimated from the CPU it got: `wall − cpu / reference`,
 the reference being the CPU per second of wall time the same kind of step (decode-only,
@@ -37,11 +44,15 @@ from .steady_state import INTERNAL
 from .steptime import Stalls, StepTimeline
 
 NS = 1e9
-STARVED_SWITCHES_PER_S = 200.0  # preempted every 5 ms: sharing cores with runnable threads
+# Each busy thread preempted every 5 ms: a scheduler slice, sharing its core with runnable
+# threads (per core the process keeps busy: _busy_cores).
+STARVED_SWITCHES_PER_CORE_S = 200.0
 STARVED_MIN_SWITCHES = 3  # and more than a stray preemption or two in a short step
 OTHERS_SHARE = 0.25  # others hold a quarter of the machine's cores …
 SATURATED = 0.9  # … while the machine is at least this busy
-OTHERS_PRESENT_CORES = 0.25  # below this, the sampler saw no other process at work
+# Below this share of the machine's cores the sampler saw no other process at work (0.25
+# cores on the 2-core machine it was set on; a 96-core node's daemons stay below 12).
+OTHERS_PRESENT_SHARE = 0.125
 MIN_REFERENCE_STEPS = 5
 REASONS = ("probe", "gc", "preemption", "host contention", "new shape", "CPU wait", "unexplained")
 
@@ -110,13 +121,14 @@ def host_conditions(
     crowded = (others_at >= OTHERS_SHARE * (cores or np.inf)) & (
         busy_at >= SATURATED * (cores or np.inf)
     )
-    preempted = (np.nan_to_num(rate) >= STARVED_SWITCHES_PER_S) & (
+    busy_cores = _busy_cores(ratio)
+    preempted = (np.nan_to_num(rate) >= STARVED_SWITCHES_PER_CORE_S * busy_cores) & (
         np.nan_to_num(switches) >= STARVED_MIN_SWITCHES
     )
     # Preempted while the sampler saw no other process working: the engine's own threads
     # (and tensor-parallel ranks) outnumbered the cores. That is the engine's oversubscription,
     # not other processes taking its CPU.
-    alone = others_at < OTHERS_PRESENT_CORES
+    alone = others_at < OTHERS_PRESENT_SHARE * (cores or np.inf)
     preempted &= ~alone
     # Tensor-parallel ranks or data-parallel replicas share this host's cores and preempt
     # one another; without the sampler's view of other processes, a step's lack of CPU
@@ -161,6 +173,14 @@ def host_conditions(
         engine_busy_share=timeline.busy_share(),
         per_step=per_step,
     )
+
+
+def _busy_cores(ratio: np.ndarray) -> float:
+    """The cores the process keeps busy when it runs unimpeded: the 90th percentile of its
+    CPU per second of step (its busiest steps; contention only lowers it), at least one."""
+    if not np.isfinite(ratio).any():
+        return 1.0
+    return max(float(np.nanpercentile(ratio, 90)), 1.0)
 
 
 def _references(ratio: np.ndarray, starved: np.ndarray, with_prefill: np.ndarray) -> np.ndarray:

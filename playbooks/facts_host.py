@@ -63,8 +63,9 @@ _REASON_ADVICE = {
 )
 def host_contention(ctx: TriageContext) -> Fact | Unavailable:
     """Share of the engine's step time lost because the process was starved of CPU by
-    other processes (preempted hundreds of times a second, or the machine saturated by
-    others): what every latency metric is inflated by."""
+    other processes (each core it keeps busy preempted hundreds of times a second while
+    others held a share of the machine, or the machine saturated by others): what every
+    latency metric is inflated by."""
     h = ctx.get("host")
     if h is None:
         return ctx.missing("host")
