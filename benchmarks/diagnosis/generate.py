@@ -1,0 +1,573 @@
+"""A fault generator no one tunes to: seeded draws of configurations with zero, one or two
+faults whose magnitudes straddle each check's detection threshold.
+
+    .venv/bin/python -m benchmarks.diagnosis --generate N --seed S [--seeds K] [--requests R]
+
+Each draw picks a base configuration (preset, load shape, loop type, lengths, caps,
+budget, chunk, KV size) that is healthy by construction — an open loop at 20-60 % of the
+capacity a calibration run measured, a closed loop with no more clients than the
+sequence cap, chunks and KV pool no prompt or batch reaches — and injects faults from
+`CLASSES`. Each fault's magnitude is drawn as `relative` = magnitude / the magnitude at
+which its check's rule is expected to fire: the rule's warning threshold (`rule`, as in
+playbooks/triage.yaml; tests/test_diagnosis_generate.py holds the two together) pushed
+through a simple model of the fault (`model`, in words), never fitted to results. A
+draw is labelled above threshold when relative ≥ 1. Models that need the engine's speed
+(capacity, unloaded TTFT and E2E, step costs, host share) take it from two short
+calibration runs of the base configuration (cached per configuration).
+
+Seeds are split: DEV_SEEDS for looking at results and changing rules, HELD_OUT_SEEDS
+reported only once the rules are frozen for that change.
+
+Imports only perfdiag and scenarios.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from perfdiag.probes.faults import FaultOptions
+from perfdiag.probes.workload import PrefixSpec
+
+from .scenarios import HEALTHY, Scenario, _closed, _len, _open
+
+DEV_SEEDS = range(0, 1000)
+HELD_OUT_SEEDS = range(1000, 1_000_000)
+BLOCK = 16  # the engine's default KV block size (tokens)
+
+
+def held_out(seed: int) -> bool:
+    return seed in HELD_OUT_SEEDS
+
+
+HELD_OUT_BANNER = (
+    "HELD-OUT SEED: these results may be reported (BENCHMARKS.md) only with the playbook "
+    "rules frozen for this change; do not tune anything to them"
+)
+
+
+@dataclass(frozen=True)
+class FaultClass:
+    name: str
+    check: str  # the check the top finding must be
+    rule: float  # the check's warning threshold in playbooks/triage.yaml
+    magnitude: str  # what the magnitude measures
+    model: str  # how the rule becomes a threshold on the magnitude
+    loop: str | None  # the loop type it needs (None: either)
+    knobs: frozenset[str]  # what it sets: two faults that share a knob are not drawn together
+    span: tuple[float, float] = (0.35, 3.0)  # relative magnitudes drawn (log-uniform)
+    pairable: bool = True
+
+
+def _fc(name, check, rule, magnitude, model, loop, knobs, **kw) -> FaultClass:
+    return FaultClass(name, check, rule, magnitude, model, loop, frozenset(knobs.split()), **kw)
+
+
+CLASSES: tuple[FaultClass, ...] = (
+    _fc(
+        "over-capacity",
+        "over-capacity",
+        0.1,
+        "offered rate / measured capacity ρ",
+        "fluid queue: the wait grows by ρ − 1 s per second of sending; fires at ρ = 1 + 0.1",
+        "open",
+        "rate",
+    ),
+    _fc(
+        "client-cap",
+        "client-back-pressure",
+        0.05,
+        "requests in flight needed (λ · unloaded E2E) / the cap's threshold x_t",
+        "in flight ~ Poisson(λ·E2E) (Little); fires when P(N ≥ cap) ≥ 0.05: x_t(cap)",
+        "open",
+        "rate cap lengths",
+        span=(0.25, 4.0),
+    ),
+    _fc(
+        "bursty",
+        "bursty-load",
+        0.15,
+        "the bursts' share of TTFT / 0.15 (or the gaps' ca² − 1 "
+        "over its noise 2.8/√n, whichever is smaller)",
+        "Kingman, one server at the measured capacity: burst wait = ρ/(1−ρ)·(ca²−1)/2/μ over "
+        "unloaded TTFT + the whole wait (cs² from the output lengths)",
+        "open",
+        "rate max_seqs",
+    ),
+    _fc(
+        "slow-input",
+        "slow-input",
+        0.25,
+        "input delay d / (d + unloaded TTFT)",
+        "the delay is TTFT before the engine queue; fires at a share of 0.25",
+        None,
+        "input",
+        span=(0.3, 2.8),
+    ),
+    _fc(
+        "host-bound",
+        "host-bound",
+        0.4,
+        "host share of engine time / 0.4",
+        "(s0·S + g) / (S + g): the base host share s0 and step S (calibration), g the "
+        "injected host time per step",
+        None,
+        "step",
+        span=(0.4, 2.2),
+    ),
+    _fc(
+        "chunk-too-small",
+        "chunk-too-small",
+        0.15,
+        "extra steps' fixed cost / TTFT, / 0.15",
+        "(n − 1)·F / (P·a + n·F), n = ⌈P/chunk⌉ at the mean prompt P; F and a calibrated",
+        None,
+        "slice lengths",
+        span=(0.3, 3.0),
+    ),
+    _fc(
+        "token-budget",
+        "chunk-too-small",
+        0.15,
+        "the same, the slice = budget − decodes",
+        "as chunk-too-small with slice = budget − (clients − 1) decoding tokens",
+        "closed",
+        "slice lengths clients max_seqs",
+        span=(0.3, 3.0),
+    ),
+    _fc(
+        "seq-cap",
+        "queue-dominates-ttft",
+        0.3,
+        "clients / sequence cap, over its threshold",
+        "closed loop: queue = (k/c − 1)·unloaded E2E; fires when that is 0.3 of TTFT: "
+        "k/c = 1 + 0.3/0.7 · TTFT/E2E",
+        "closed",
+        "max_seqs clients",
+    ),
+    _fc(
+        "cold-starvation",
+        "cold-starvation",
+        0.25,
+        "requests waiting (clients − cap) / 2",
+        "a cache-aware order starves cold prefixes only when it has a choice: from 2 waiting "
+        "requests a hot one passes a cold one at every free slot",
+        "closed",
+        "max_seqs clients prefix policy",
+    ),
+    _fc(
+        "prefix-cache-off",
+        "prefix-not-reused",
+        0.2,
+        "prompt tokens a cache would serve / 0.2",
+        "(1 − groups/n) · whole blocks of the prefix / (prefix + mean rest of prompt): exact",
+        None,
+        "prefix",
+    ),
+    _fc(
+        "kv-too-small",
+        "preemption-storm",
+        0.1,
+        "KV demand / pool",
+        "demand = clients × blocks of a mean-length request at its end; preemption starts "
+        "when the running requests outgrow the pool: fires at demand = pool",
+        "closed",
+        "kv lengths clients max_seqs",
+        span=(0.5, 2.5),
+    ),
+    _fc(
+        "neighbour",
+        "host-contention",
+        0.1,
+        "predicted share of step time lost / 0.1",
+        "u · b / (1 + b): b burners per core, u the engine's busy share (1 closed, ρ open)",
+        None,
+        "neighbours",
+    ),
+    _fc(
+        "dp-imbalance",
+        "dp-imbalance",
+        0.1,
+        "busiest replica's work beyond an even share / 0.1",
+        "weighted:a,b over 2 replicas, w = a/b: u0 · (w − 1)/(2w), u0 = 2ρ·w/(w+1) (≤ 1)",
+        "open",
+        "rate dp preset max_seqs router",
+        pairable=False,
+    ),
+)
+BY_NAME = {c.name: c for c in CLASSES}
+# Not drawn, and why (the hand-written scenarios still cover them):
+NOT_DRAWN = {
+    "itl-prefill-interference": "its rule as modelled (a slice stretching the decode gap by "
+    "≥ 25 %) is crossed by any chunk over ~8 tokens on tiny: every healthy base",
+    "collective-wait, expert-imbalance": "tensor/expert-parallel ranks: too slow for 2 cores",
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    cls: str
+    relative: float  # drawn magnitude / threshold (calibrated classes: the target)
+    knobs: dict = field(default_factory=dict)  # integer knobs drawn with it
+
+    @property
+    def check(self) -> str:
+        return BY_NAME[self.cls].check
+
+
+@dataclass(frozen=True)
+class Draw:
+    seed: int
+    index: int
+    preset: str
+    engine: dict  # base engine options (healthy)
+    loop: str  # open / closed
+    load: float  # open: share of capacity; closed: clients
+    process: str
+    requests: int
+    prompt: tuple[int, int]  # uniform bounds
+    output: tuple[int, int]
+    workload_seed: int
+    faults: tuple[Fault, ...] = ()
+    prefix: tuple[int, int, float] | None = None  # groups, length, skew
+
+    @property
+    def name(self) -> str:
+        return f"g{self.seed}-{self.index:04d}"
+
+    @property
+    def expected(self) -> tuple[str, ...]:
+        return tuple(f.check for f in self.faults)
+
+    def calibration_key(self) -> str:
+        return json.dumps([self.engine, self.prompt, self.output], sort_keys=True)
+
+
+def draw(seed: int, index: int, requests: int | None = None) -> Draw:
+    """The index-th draw of a seed (independent of how many are drawn)."""
+    rng = random.Random(f"perfdiag-generate:{seed}:{index}")
+    n_faults = rng.choices((0, 1, 2), weights=(25, 50, 25))[0]
+    faults: list[FaultClass] = []
+    for _ in range(n_faults):
+        ok = [c for c in CLASSES if _compatible(c, faults)]
+        if ok:
+            faults.append(rng.choice(ok))
+    preset = rng.choices(("tiny", "small", "tiny-moe"), weights=(75, 15, 10))[0]
+    max_seqs = rng.choice((4, 8, 16))
+    chunk = rng.choice((256, 512, None))
+    prompt_lo = rng.randint(8, 64)
+    prompt = (prompt_lo, prompt_lo + rng.randint(16, 128))
+    out_lo = rng.randint(4, 16)
+    output = (out_lo, out_lo + rng.randint(8, 32))
+    budget = rng.choice((512, 1024, 2048))
+    loop = rng.choice(("open", "closed"))
+    loops = {c.loop for c in faults} - {None}
+    loop = loops.pop() if loops else loop
+    load = rng.uniform(0.2, 0.6) if loop == "open" else float(rng.randint(1, max_seqs))
+    d = dict(
+        seed=seed, index=index, preset=preset, loop=loop, load=load,
+        process=rng.choice(("poisson", "constant")), prompt=prompt, output=output,
+        requests=requests or rng.randint(24, 48), workload_seed=rng.randint(1, 99_999),
+        engine=dict(preset=preset, max_seqs=max_seqs, chunk_size=chunk, kv_cache_mb=64.0,
+                    max_batched_tokens=max(budget, chunk or 0)),
+    )  # fmt: skip
+    drawn = tuple(_draw_fault(c, rng, d) for c in faults)
+    base = Draw(**d, faults=drawn)
+    # classes whose knobs are drawn (integers, burners): their magnitude follows from them
+    return replace(base, faults=tuple(
+        replace(f, relative=relative_of(f, base, None)) if math.isnan(f.relative) else f
+        for f in drawn
+    ))  # fmt: skip
+
+
+def _compatible(c: FaultClass, chosen: list[FaultClass]) -> bool:
+    if not chosen:
+        return True
+    if not c.pairable or any(not o.pairable for o in chosen):
+        return False
+    loops = {c.loop} | {o.loop for o in chosen}
+    return len(loops - {None}) <= 1 and all(not (c.knobs & o.knobs) for o in chosen)
+
+
+def _loguniform(rng: random.Random, lo: float, hi: float) -> float:
+    return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+
+
+def _draw_fault(c: FaultClass, rng: random.Random, d: dict) -> Fault:
+    """The fault's magnitude, and what it changes in the base (`d`, in place) so that the
+    calibration measures the configuration the fault is injected into."""
+    e = d["engine"]
+    rel = _loguniform(rng, *c.span)
+    if c.name == "client-cap":
+        d["output"] = (48, 96)
+        return Fault(c.name, rel, {"cap": rng.randint(1, 3)})
+    if c.name == "bursty":
+        e["max_seqs"] = rng.choice((2, 4))
+        d["load"] = rng.uniform(0.4, 0.8)
+    if c.name in ("chunk-too-small", "token-budget"):
+        d["prompt"] = (192, 384)
+        d["output"] = (8, 24)
+        e["chunk_size"], e["max_batched_tokens"] = 512, 2048
+        if c.name == "token-budget":
+            d["load"] = float(rng.randint(2, 3))
+    if c.name == "seq-cap" or c.name == "cold-starvation":
+        cap = rng.randint(2, 4)
+        e["max_seqs"] = 32  # the base: no cap binds; the fault sets it
+        if c.name == "seq-cap":
+            k = rng.randint(1, 3 * cap)
+        else:
+            k = cap + rng.randint(0, 5)
+            d["prefix"] = (rng.randint(6, 12), rng.choice((64, 96, 128)), rng.uniform(1.0, 1.6))
+            d["prompt"] = (8, 48)
+            d["requests"] = max(d["requests"], 48)
+        d["load"] = float(k)
+        return Fault(c.name, float("nan"), {"cap": cap, "clients": k})
+    if c.name == "prefix-cache-off":
+        groups = rng.randint(2, 8)
+        return Fault(c.name, rel, {"groups": groups, "skew": rng.uniform(0.0, 1.5)})
+    if c.name == "kv-too-small":
+        k = rng.randint(4, 12)
+        d["output"] = (64, 160)
+        d["load"], e["max_seqs"] = float(k), max(k, e["max_seqs"])
+    if c.name == "neighbour":
+        if d["loop"] == "open":  # down to an engine busy 5 % of the time: little to lose
+            d["load"] = _loguniform(rng, 0.05, 0.6)
+        return Fault(c.name, float("nan"), {"per_core": rng.choice((0.5, 1.0, 1.5))})
+    if c.name == "dp-imbalance":
+        e.update(preset="small", dp=2, router="least-loaded", max_seqs=4, kv_cache_mb=16.0)
+        d["preset"], d["load"] = "small", rng.uniform(0.2, 0.6)
+        weights = rng.choice(((1, 1), (5, 4), (4, 3), (3, 2), (2, 1), (3, 1), (4, 1)))
+        return Fault(c.name, float("nan"), {"weights": weights})
+    return Fault(c.name, rel)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The base configuration's speed, from two short closed-loop runs."""
+
+    capacity_rps: float  # completions per second at max_seqs clients
+    ttft_s: float  # mean TTFT, one client
+    e2e_s: float  # mean E2E, one client
+    fixed_s: float  # median one-sequence decode step (a step's fixed cost)
+    token_s: float  # per prefill token beyond it
+    step_s: float  # median step at capacity
+    host_share: float  # host_share at capacity (NaN: not measured)
+
+
+def relative_of(f: Fault, d: Draw, cal: Calibration | None) -> float:
+    """The fault's relative magnitude as the model prices the configuration it builds:
+    for the classes whose knob is drawn (integers, burners), computed here."""
+    k = f.knobs
+    if f.cls == "seq-cap":
+        if cal is None:  # no engine: TTFT/E2E taken as 0.1 (prompts short, outputs ~20)
+            return k["clients"] / k["cap"] / (1 + 0.3 / 0.7 * 0.1)
+        return (k["clients"] / k["cap"]) / (1 + 0.3 / 0.7 * cal.ttft_s / cal.e2e_s)
+    if f.cls == "cold-starvation":
+        return (k["clients"] - k["cap"]) / 2
+    if f.cls == "neighbour":
+        busy = 1.0 if d.loop == "closed" else d.load
+        return busy * k["per_core"] / (1 + k["per_core"]) / 0.1
+    if f.cls == "dp-imbalance":
+        w = k["weights"][0] / k["weights"][1]
+        u0 = min(1.0, 2 * d.load * w / (w + 1))
+        return u0 * (w - 1) / (2 * w) / 0.1
+    return f.relative
+
+
+def label_relative(f: Fault, d: Draw) -> float:
+    """The relative magnitude the draw alone gives (no engine run): its label."""
+    return relative_of(f, d, None)
+
+
+def threshold_in_flight(cap: int) -> float:
+    """x with P(Poisson(x) ≥ cap) = 0.05 (bisection)."""
+    lo, hi = 0.0, 10.0 * cap + 10
+    for _ in range(60):
+        x = (lo + hi) / 2
+        below = sum(math.exp(-x) * x**i / math.factorial(i) for i in range(cap))
+        lo, hi = (x, hi) if 1 - below < 0.05 else (lo, x)
+    return (lo + hi) / 2
+
+
+def _mean(bounds: tuple[int, int]) -> float:
+    return (bounds[0] + bounds[1]) / 2
+
+
+def _cv2_uniform(bounds: tuple[int, int]) -> float:
+    a, b = bounds
+    return ((b - a) ** 2 / 12) / _mean(bounds) ** 2
+
+
+def _slice_share(p: float, c: float, cal: Calibration) -> float:
+    n = math.ceil(p / max(c, 1))
+    return (n - 1) * cal.fixed_s / (p * cal.token_s + n * cal.fixed_s)
+
+
+def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]:
+    """The scenario to record (workload seed k) and each fault's relative magnitude."""
+    engine = dict(d.engine)
+    rate = d.load * cal.capacity_rps if d.loop == "open" else None
+    cap, process, burst, neighbours = None, d.process, 1.0, 0.0
+    clients = int(d.load) if d.loop == "closed" else None
+    faults: dict = {}
+    prefix = PrefixSpec(*d.prefix) if d.prefix else None
+    rels = []
+    for f in d.faults:
+        rel, kn = f.relative, f.knobs
+        if f.cls == "over-capacity":
+            rate = rel * 1.1 * cal.capacity_rps
+        elif f.cls == "client-cap":
+            cap = kn["cap"]
+            rate = rel * threshold_in_flight(cap) / cal.e2e_s
+        elif f.cls == "bursty":
+            n, rho, mu = d.requests, d.load, cal.capacity_rps
+            s, big = 0.15 * rel, rho / (1 - rho) / (2 * mu)
+            ca2 = (s * cal.ttft_s + s * big * _cv2_uniform(d.output) + big) / (big * (1 - s))
+            ca2 = max(ca2, 1.0)
+            # the rule also wants ca² above 1 by twice its sampling noise
+            rel = min(rel, (ca2 - 1) / (2.8 / math.sqrt(n)))
+            process, burst = "gamma", 1 / ca2
+        elif f.cls == "slow-input":
+            m = 0.25 * rel
+            faults["input_delay_ms"] = round(1e3 * m * cal.ttft_s / (1 - m), 2)
+        elif f.cls == "host-bound":
+            s0 = cal.host_share if math.isfinite(cal.host_share) else 0.0
+            target = 0.4 * rel
+            g = max(0.0, (target - s0) * cal.step_s / (1 - target))
+            rel = (s0 * cal.step_s + g) / (cal.step_s + g) / 0.4
+            faults["step_gap_ms"] = round(1e3 * g, 3)
+        elif f.cls in ("chunk-too-small", "token-budget"):
+            p = _mean(d.prompt)
+            decodes = (clients - 1) if f.cls == "token-budget" else 0
+            target = 0.15 * rel
+            best = min(range(4, 513), key=lambda c: abs(_slice_share(p, c, cal) - target))
+            rel = _slice_share(p, best, cal) / 0.15
+            if f.cls == "chunk-too-small":
+                engine["chunk_size"] = best
+            else:
+                engine["max_batched_tokens"] = best + decodes
+        elif f.cls in ("seq-cap", "cold-starvation"):
+            engine["max_seqs"] = kn["cap"]
+            if f.cls == "cold-starvation":
+                engine.update(policy="prefix", max_wait_ms=None)
+            rel = relative_of(f, d, cal)
+        elif f.cls == "prefix-cache-off":
+            g, rest = kn["groups"], _mean(d.prompt)
+            m, spread = 0.2 * rel, 1 - g / d.requests
+            length = max(BLOCK, round(m * rest / max(spread - m, 0.05)))
+            prefix = PrefixSpec(g, length, kn["skew"])
+            engine["prefix_cache"] = False
+            rel = spread * (length // BLOCK * BLOCK) / (length + rest) / 0.2
+        elif f.cls == "kv-too-small":
+            per = math.ceil((_mean(d.prompt) + _mean(d.output)) / BLOCK)
+            longest = math.ceil((d.prompt[1] + d.output[1]) / BLOCK)
+            engine["kv_blocks"] = max(longest + 1, round(clients * per / rel))
+            rel = clients * per / engine["kv_blocks"]
+        elif f.cls == "neighbour":
+            neighbours = kn["per_core"]
+            rel = relative_of(f, d, cal)
+        elif f.cls == "dp-imbalance":
+            engine["router"] = "weighted:{},{}".format(*kn["weights"])
+            rel = relative_of(f, d, cal)
+        rels.append(rel)
+    arrival = (_closed(clients) if d.loop == "closed" else
+               _open(rate, cap=cap, process=process, burstiness=burst))  # fmt: skip
+    workload = dict(
+        requests=d.requests, warmup=min(4, d.requests // 8), seed=d.workload_seed + 1000 * k,
+        arrival=arrival, prompt_len=_len("uniform:{}:{}".format(*d.prompt)),
+        output_len=_len("uniform:{}:{}".format(*d.output)), shared_prefix=prefix,
+    )  # fmt: skip
+    name = f"{d.name}-s{k}"
+    cause = ", ".join(f"{f.cls} ×{r:.2f}" for f, r in zip(d.faults, rels, strict=True))
+    expected = d.expected[0] if d.faults else HEALTHY
+    fo = FaultOptions(**faults) if faults else None
+    return Scenario(name, cause or "nothing", expected, engine=engine, workload=workload,
+                    faults=fo, neighbours=neighbours), rels  # fmt: skip
+
+
+_CALIBRATIONS: dict[str, Calibration] = {}
+
+
+def calibrate(d: Draw, root: Path) -> Calibration:
+    """Two short closed loops of the base configuration: one client (unloaded latency and
+    step costs), max_seqs clients (capacity). Cached per configuration."""
+    key = d.calibration_key()
+    if key in _CALIBRATIONS:
+        return _CALIBRATIONS[key]
+    from perfdiag import load_run
+    from perfdiag.analyzers.serving import analyze_serving
+
+    lengths = dict(prompt_len=_len("uniform:{}:{}".format(*d.prompt)),
+                   output_len=_len("uniform:{}:{}".format(*d.output)), seed=7)  # fmt: skip
+    tag = f"cal-{abs(hash(key)) % 10**8}"
+    one = Scenario(f"{tag}-1", "calibration", HEALTHY, engine=d.engine,
+                   workload=dict(lengths, requests=12, warmup=2, arrival=_closed(1)))  # fmt: skip
+    clients = d.engine["max_seqs"] * d.engine.get("dp", 1)
+    work = dict(lengths, requests=24, warmup=3, arrival=_closed(clients))
+    many = Scenario(f"{tag}-n", "calibration", HEALTHY, engine=d.engine, workload=work)
+    r1 = load_run(one.record(root / one.name))
+    rn = load_run(many.record(root / many.name))
+    m1, mn = analyze_serving(r1).metrics, analyze_serving(rn).metrics
+    steps = r1.steps
+    dur = (steps["end_ns"] - steps["start_ns"]).to_numpy() / 1e9
+    decode = (steps["num_prefill_tokens"] == 0).to_numpy()
+    fixed = float(statistics.median(dur[decode])) if decode.any() else float(min(dur))
+    pre = ~decode
+    per_tok = [
+        (t - fixed) / n
+        for t, n in zip(dur[pre], steps["num_prefill_tokens"].to_numpy()[pre], strict=True)
+        if n > 0
+    ]
+    durn = (rn.steps["end_ns"] - rn.steps["start_ns"]).to_numpy() / 1e9
+    cal = Calibration(
+        capacity_rps=float(mn.throughput.requests_per_s),
+        ttft_s=float(m1.ttft_s.mean),
+        e2e_s=float(m1.per_request["e2e_s"].mean()),
+        fixed_s=fixed,
+        token_s=max(1e-7, float(statistics.median(per_tok))) if per_tok else 1e-6,
+        step_s=float(statistics.median(durn)),
+        host_share=_host_share(rn),
+    )
+    _CALIBRATIONS[key] = cal
+    return cal
+
+
+def _host_share(run) -> float:
+    from perfdiag.playbooks.facts import TriageContext, evaluate_fact
+
+    fact = evaluate_fact("host_share", TriageContext(run), {})
+    value = getattr(fact, "value", None)
+    return float(value) if value is not None else float("nan")
+
+
+def run_draw(d: Draw, root: Path, seeds: int = 1) -> list[dict]:
+    """Record a draw once per workload seed and triage each run: one result each."""
+    cal = calibrate(d, root / "calibration")
+    out = []
+    for k in range(seeds):
+        scenario, rels = build(d, cal, k)
+        started = time.perf_counter()
+        run_dir = scenario.record(root / scenario.name)
+        record_s = time.perf_counter() - started
+        triage = scenario.diagnose(run_dir)
+        causes = triage.causes
+        out.append({
+            "draw": d.name, "seed": d.seed, "index": d.index, "workload_seed": k,
+            "preset": d.preset, "loop": d.loop,
+            "faults": [{"class": f.cls, "check": f.check, "relative": round(r, 3)}
+                       for f, r in zip(d.faults, rels, strict=True)],
+            "cause": scenario.cause,
+            "top": causes[0].check if causes else "none",
+            "top_severity": causes[0].severity if causes else "",
+            "top3": [f.check for f in causes[:3]],
+            "critical": [f.check for f in causes if f.severity == "critical"],
+            "warning": [f.check for f in causes if f.severity == "warning"],
+            "record_s": round(record_s, 2),
+            "calibration": asdict(cal),
+        })  # fmt: skip
+    return out

@@ -1,0 +1,179 @@
+"""The diagnosis fault generator (benchmarks/diagnosis/generate.py) and its report
+(report.py): deterministic draws, magnitudes on both sides of every threshold, labels by
+construction, the report's arithmetic on made-up results, the held-out banner."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from perfdiag.playbooks.schema import load_playbook
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+generate = importlib.import_module("benchmarks.diagnosis.generate")
+report = importlib.import_module("benchmarks.diagnosis.report")
+diagnosis_main = importlib.import_module("benchmarks.diagnosis.__main__")
+
+DRAWS = [generate.draw(0, i) for i in range(500)]
+
+
+def test_a_draw_is_deterministic_per_seed_and_index():
+    assert generate.draw(3, 17) == generate.draw(3, 17)
+    assert generate.draw(3, 17) != generate.draw(4, 17)
+    # the index-th draw does not depend on how many are drawn
+    assert generate.draw(0, 5) == DRAWS[5]
+
+
+def test_the_mix_holds_healthy_single_and_two_fault_draws():
+    counts = Counter(len(d.faults) for d in DRAWS)
+    assert 0.18 < counts[0] / len(DRAWS) < 0.32  # ~25 % healthy
+    assert counts[1] > counts[2] > 50
+    for d in DRAWS:
+        if len(d.faults) == 2:
+            a, b = (generate.BY_NAME[f.cls] for f in d.faults)
+            assert not (a.knobs & b.knobs) and a.pairable and b.pairable
+            assert len({a.loop, b.loop} - {None}) <= 1
+
+
+def test_every_class_is_drawn_on_both_sides_of_its_threshold():
+    sides: dict[str, set] = {c.name: set() for c in generate.CLASSES}
+    for d in DRAWS:
+        for f in d.faults:
+            sides[f.cls].add(generate.label_relative(f, d) >= 1)
+    assert all(s == {True, False} for s in sides.values()), sides
+
+
+def test_the_rules_are_the_playbooks_warning_thresholds():
+    playbook = load_playbook(ROOT / "playbooks" / "triage.yaml")
+    warning = {c.id: c.threshold for s in playbook.steps for c in s.checks}
+    for c in generate.CLASSES:
+        assert c.rule == pytest.approx(warning[c.check]), c.name
+
+
+def _calibration(**kw):
+    base = dict(capacity_rps=20.0, ttft_s=0.01, e2e_s=0.1, fixed_s=0.002, token_s=4e-5,
+                step_s=0.005, host_share=0.2)  # fmt: skip
+    return generate.Calibration(**(base | kw))
+
+
+def _one(cls: str, index_from: int = 0):
+    return next(d for d in DRAWS[index_from:] if [f.cls for f in d.faults] == [cls])
+
+
+def test_labels_follow_from_the_knobs_by_construction():
+    cal = _calibration()
+    # over-capacity: the rate is relative × 1.1 × capacity
+    d = _one("over-capacity")
+    scenario, (rel,) = generate.build(d, cal)
+    assert scenario.workload["arrival"].rate == pytest.approx(rel * 1.1 * 20.0)
+    # seq-cap: clients over the cap against 1 + 0.3/0.7 · TTFT/E2E
+    d = _one("seq-cap")
+    scenario, (rel,) = generate.build(d, cal)
+    k, c = d.faults[0].knobs["clients"], d.faults[0].knobs["cap"]
+    assert scenario.engine["max_seqs"] == c and scenario.workload["arrival"].concurrency == k
+    assert rel == pytest.approx(k / c / (1 + 0.3 / 0.7 * 0.1))
+    # slow input: d / (d + TTFT) = 0.25 × relative
+    d = _one("slow-input")
+    scenario, (rel,) = generate.build(d, cal)
+    delay = scenario.faults.input_delay_ms / 1e3
+    assert delay / (delay + 0.01) == pytest.approx(0.25 * rel, rel=1e-3)
+    # prefix cache off: the share of prompt tokens a cache could serve, exactly
+    d = _one("prefix-cache-off")
+    scenario, (rel,) = generate.build(d, cal)
+    p = scenario.workload["shared_prefix"]
+    rest = sum(d.prompt) / 2
+    share = (1 - p.groups / d.requests) * (p.length // 16 * 16) / (p.length + rest)
+    assert scenario.engine["prefix_cache"] is False and rel == pytest.approx(share / 0.2)
+    # a healthy draw injects nothing and stays under the cap
+    d = next(d for d in DRAWS if not d.faults and d.loop == "closed")
+    scenario, rels = generate.build(d, cal)
+    assert rels == [] and scenario.faults is None and scenario.neighbours == 0
+    assert scenario.workload["arrival"].concurrency <= scenario.engine["max_seqs"]
+
+
+def test_client_cap_threshold_is_the_poisson_tail():
+    for cap in (1, 2, 3):
+        x = generate.threshold_in_flight(cap)
+        tail = 1 - sum(math.exp(-x) * x**i / math.factorial(i) for i in range(cap))
+        assert tail == pytest.approx(0.05, abs=1e-6)
+    assert generate.threshold_in_flight(1) == pytest.approx(-math.log(0.95), rel=1e-6)
+
+
+def _run(draw, faults, top3, critical=(), warning=(), k=0):
+    return {"draw": draw, "workload_seed": k, "preset": "tiny", "loop": "open",
+            "faults": [{"class": c, "check": chk, "relative": r} for c, chk, r in faults],
+            "top": top3[0] if top3 else "none", "top3": list(top3),
+            "critical": list(critical), "warning": list(warning), "record_s": 2.0}  # fmt: skip
+
+
+def test_report_arithmetic_on_made_up_results():
+    oc = ("over-capacity", "over-capacity")
+    runs = [
+        _run("a", [(*oc, 0.3)], ["bursty-load"]),  # below threshold, missed
+        _run("a", [(*oc, 0.7)], ["over-capacity"], k=1),  # below, found
+        _run("b", [(*oc, 1.2)], ["over-capacity"]),
+        _run("b", [(*oc, 2.5)], ["host-contention", "over-capacity"], k=1),  # miss: not top
+        # two faults above: both in the top three counts, a third place is enough
+        _run(
+            "c",
+            [(*oc, 1.1), ("slow-input", "slow-input", 1.6)],
+            ["over-capacity", "x", "slow-input"],
+        ),
+        _run(
+            "d",
+            [(*oc, 1.1), ("slow-input", "slow-input", 1.6)],
+            ["over-capacity", "x", "y", "slow-input"],
+        ),
+        # healthy: every seed counts
+        _run("h", [], [], k=0),
+        _run("h", [], ["step-inflation"], critical=["step-inflation"], k=1),
+        _run("i", [], ["itl-prefill-interference"], warning=["itl-prefill-interference"]),
+    ]
+    s = report.summarise(runs)
+    assert s["healthy_runs"] == 3 and s["healthy_critical"] == 1 and s["healthy_warning"] == 1
+    assert s["single_above"] == [1, 2]
+    assert s["double_above"] == [1, 2]
+    curve = s["curve"]["over-capacity"]
+    assert curve == [[0, 1], [1, 1], [3, 3], [0, 0], [0, 1]]
+    assert s["curve"]["slow-input"] == [[0, 0], [0, 0], [0, 0], [1, 2], [0, 0]]
+    assert s["confusion"]["over-capacity"] == {"over-capacity": 1, "host-contention": 1}
+    assert s["confusion"]["(healthy)"] == {"none": 1, "step-inflation": 1,
+                                           "itl-prefill-interference": 1}  # fmt: skip
+    assert len(s["misses"]) == 2 and "×2.50" in s["misses"][0]
+    text = "\n".join(report.lines(s))
+    assert "healthy runs (all seeds) with a critical finding: 1/3" in text
+    assert "1/2 (50 %)" in text
+
+
+def test_held_out_seeds_print_the_banner(monkeypatch, capsys):
+    assert generate.held_out(1000) and not generate.held_out(999)
+    monkeypatch.setattr(generate, "run_draw", lambda d, root, seeds: [])
+    assert diagnosis_main.main(["--generate", "1", "--seed", "1000", "--no-verify"]) == 0
+    assert generate.HELD_OUT_BANNER in capsys.readouterr().out
+    assert diagnosis_main.main(["--generate", "1", "--seed", "7", "--no-verify"]) == 0
+    assert generate.HELD_OUT_BANNER not in capsys.readouterr().out
+
+
+def test_bad_generator_arguments_are_one_line_and_exit_1(capsys):
+    assert diagnosis_main.main(["--generate", "0"]) == 1
+    assert capsys.readouterr().out.startswith("error:")
+
+
+def test_summary_counts_false_alarms_over_every_seed_and_names_why_not_applicable():
+    rows = [
+        {"expected": "none critical", "ok": True, "seeds": [True, False], "stable": True,
+         "advice": None, "seconds": 1.0},
+        {"expected": "slow-input", "ok": True, "seeds": [True, True], "stable": True,
+         "seconds": 1.0, "advice": {"verdict": "not applicable", "kind": "code"}},
+        {"expected": "host-contention", "ok": True, "seeds": [True], "stable": None,
+         "seconds": 1.0, "advice": {"verdict": "not applicable", "kind": "environment"}},
+    ]  # fmt: skip
+    text = "\n".join(diagnosis_main.summary(rows))
+    assert "critical false alarms on healthy runs (all seeds): 1/2" in text
+    assert "1 code, 1 environment" in text and "code changes" not in text
