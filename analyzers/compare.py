@@ -270,9 +270,25 @@ _PERCENTILE_METRICS = (
     ("e2e", "E2E", "e2e_s", (50, 99)),
     ("due_e2e", "E2E from due", "due_e2e_s", (50, 99)),  # client waits included
 )
+# Every metric key `metric_deltas` reports: the targets an action may name.
+METRIC_KEYS = (
+    *(f"{key}.p{p}" for key, _, _, ps in _PERCENTILE_METRICS for p in ps),
+    "throughput.output",
+    "throughput.requests",
+)
 
 
-def _request_values(s: ServingAnalysis) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+def percentile_metric(metric: str) -> tuple[str, str, int] | None:
+    """A percentile metric key ("ttft.p50") as (values key, label, percentile); None for
+    another key."""
+    key, _, p = metric.rpartition(".p")
+    for k, label, _, ps in _PERCENTILE_METRICS:
+        if k == key and p.isdigit() and int(p) in ps:
+            return k, f"{label} p{p}", int(p)
+    return None
+
+
+def request_values(s: ServingAnalysis) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """Per metric: values and the request each belongs to (measured requests only)."""
     if isinstance(s.metrics, Missing):
         return None
@@ -312,7 +328,7 @@ def _bootstrap(values: np.ndarray, groups: np.ndarray, qs, n: int, rng) -> np.nd
 def metric_deltas(
     a: ServingAnalysis, b: ServingAnalysis, n_boot: int = 1000, seed: int = 0, level: float = 0.95
 ) -> tuple[MetricDelta, ...]:
-    va, vb = _request_values(a), _request_values(b)
+    va, vb = request_values(a), request_values(b)
     if va is None or vb is None:
         return ()
     rng = np.random.default_rng(seed)
@@ -329,7 +345,7 @@ def metric_deltas(
             ok = diffs[:, j][np.isfinite(diffs[:, j])]
             lo, hi = np.percentile(ok, [lo_q, hi_q]) if len(ok) else (np.nan, np.nan)
             out.append(
-                _delta(
+                make_delta(
                     f"{key}.p{p}",
                     f"{label} p{p}",
                     "ms",
@@ -345,11 +361,11 @@ def metric_deltas(
         ("throughput.requests", "request throughput", "req/s", lambda t: t.requests_per_s),
     ):
         ta, tb = get(a.metrics.throughput), get(b.metrics.throughput)
-        out.append(_delta(key, label, unit, ta, tb, np.nan, np.nan, lower_is_better=False))
+        out.append(make_delta(key, label, unit, ta, tb, np.nan, np.nan, lower_is_better=False))
     return tuple(out)
 
 
-def _delta(metric, label, unit, a, b, lo, hi, lower_is_better: bool) -> MetricDelta:
+def make_delta(metric, label, unit, a, b, lo, hi, lower_is_better: bool) -> MetricDelta:
     delta = b - a
     significant = bool(np.isfinite(lo) and np.isfinite(hi) and (lo > 0 or hi < 0))
     if not np.isfinite(delta):

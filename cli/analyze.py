@@ -54,7 +54,7 @@ def analyze(
         typer.Option(
             "--verify-advice",
             help="Apply the top finding's advice (perfdiag run --like RUN with its options), "
-            "re-run, and compare the metric it targets.",
+            "re-run, and compare the metric its check targets (fixed in the playbook).",
         ),
     ] = False,
     finding: Annotated[
@@ -64,6 +64,16 @@ def analyze(
     verify_out: Annotated[
         Path | None,
         typer.Option(help="With --verify-advice: the re-run's directory [RUN-verify-CHECK]."),
+    ] = None,
+    repeats: Annotated[
+        int | None,
+        typer.Option(
+            "--repeats",
+            min=1,
+            help="With --verify-advice: runs a side (the run is one of the first side; the "
+            "others re-run its options and seed), judged by an interval over runs; 1: one "
+            "re-run judged by requests alone. [default: 3]",
+        ),
     ] = None,
 ) -> None:
     """Triage a run: what is wrong, with evidence, and what to try next."""
@@ -75,8 +85,8 @@ def analyze(
     from .findings_view import print_triage
     from .server_view import print_server_record
 
-    if (finding or verify_out) and not verify_advice:
-        raise ConfigError("--finding and --verify-out go with --verify-advice")
+    if (finding or verify_out or repeats) and not verify_advice:
+        raise ConfigError("--finding, --verify-out and --repeats go with --verify-advice")
     if html and no_report:
         raise ConfigError("--html writes a report: drop --no-report")
     ctx, triage, target = triage_of(
@@ -110,7 +120,7 @@ def analyze(
         def analyze_again(run):
             return TriageContext(run, analyze_serving(run, target, steady=not full_run))
 
-        verify_and_print(ctx, triage, finding, verify_out, analyze_again)
+        verify_and_print(ctx, triage, finding, verify_out, analyze_again, repeats or 3)
 
 
 def analysis_options(slo, slo_file, full_run, repeat, baseline, playbook) -> dict:

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from .app import out
 
-VERDICT_STYLE = {"improved": "bold green", "unchanged": "yellow", "worse": "bold red",
+VERDICT_STYLE = {"improved": "bold green", "inconclusive": "yellow", "worse": "bold red",
                  "not applicable": "dim"}  # fmt: skip
 
 
@@ -25,7 +25,9 @@ def default_out(run: Path, check: str) -> Path:
     return path
 
 
-def verify_and_print(ctx, triage, check: str | None, out_dir: Path | None, analyze) -> str:
+def verify_and_print(
+    ctx, triage, check: str | None, out_dir: Path | None, analyze, repeats: int = 1
+) -> str:
     """Run the verification and print it; returns the verdict."""
     from ..analyzers.serving import to_jsonable
     from ..playbooks.verify import chosen_finding, verify
@@ -39,14 +41,20 @@ def verify_and_print(ctx, triage, check: str | None, out_dir: Path | None, analy
     out.print(f"\n[bold]verify advice[/] of {finding.check}: ", end="", highlight=False)
     if action is not None and action.kind == "run":
         target = out_dir or default_out(Path(ctx.run.path), finding.check)
+        runs = (
+            f"{repeats} runs a side (the run and {repeats - 1} re-runs as it was; "
+            f"{repeats} with the advice), starting with {target}"
+            if repeats > 1
+            else str(target)
+        )
         out.print(
             f"{escape(action.flags)} (target {action.target}; expected: "
-            f"{escape(action.expect or '—')})\n  re-running into {target} …",
+            f"{escape(action.expect or '—')})\n  re-running into {runs} …",
             highlight=False,
         )
     else:
         target = out_dir or Path(ctx.run.path)
-    v = verify(ctx, finding, target, analyze=analyze)
+    v = verify(ctx, finding, target, analyze=analyze, repeats=repeats)
     if v.comparison is not None:
         _variables(v.comparison.diff, v.comparison.deltas)
         _deltas(v.comparison.deltas)
@@ -75,4 +83,10 @@ def dataclass_dict(v) -> dict:
         "run_b": v.run_b,
         "target": v.target,
         "still_fires": v.still_fires,
+        "repeats": len(v.runs_b) or None,
+        "runs_a": v.runs_a,
+        "runs_b": v.runs_b,
+        "interval_a": v.spread.a_interval if v.spread else None,
+        "interval_b": v.spread.b_interval if v.spread else None,
+        "variables": v.variables,
     }

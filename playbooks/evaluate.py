@@ -99,8 +99,17 @@ def _finding(check: Check, step: int, step_title: str, severity: str, fact: Fact
         figures=check.figures,
         value=_plain(fact.value),
         impact=float(fact.impact) if fact.impact == fact.impact else 0.0,
-        action=fact.action,
+        action=_fixed_target(fact.action, check.verify),
     )
+
+
+def _fixed_target(action, target: str | None):
+    # The playbook's target wins: the metric to judge advice by is chosen before any run.
+    if action is None or target is None or action.target == target:
+        return action
+    from dataclasses import replace
+
+    return replace(action, target=target)
 
 
 def _step_result(number: int, title: str, outcomes: list[CheckOutcome]) -> StepResult:

@@ -5,7 +5,8 @@ with checks. A check names a registered fact (facts.py) with its parameters, one
 condition (`at_least`, `above`, `at_most`, `below` with a number or a severity ladder;
 `equals` or `in` with a `severity`), and the words: a title and an explanation (plain
 text with `{name}` fields from the fact's evidence), what to try next, the figures to
-show, and `consequence_of`: checks that, when they fire, explain this one (a root marked
+show, the metric `--verify-advice` judges its advice by (`verify`, a compare metric
+key), and `consequence_of`: checks that, when they fire, explain this one (a root marked
 `slows_everything` explains a check marked `time_share` only as far as its own share
 covers that check's excess over its threshold, and one marked `queue_share` only as far
 as the queue at the engine's load without that loss would stay under the threshold). Scenario
@@ -49,6 +50,7 @@ _CHECK_KEYS = {
     "queue_share",
     "slows_everything",
     "evidence",
+    "verify",
     *OPS,
 }
 
@@ -105,6 +107,9 @@ class Check:
     time_share: bool = False  # the value is a share of time (of TTFT, ITL, step time)
     slows_everything: bool = False  # the value is a share of time lost by all work alike
     queue_share: bool = False  # the value is a share of latency spent queueing
+    # The metric --verify-advice judges this check's advice by (a compare metric key),
+    # fixed here before any run; it overrides the target the fact's action names.
+    verify: str | None = None
 
     @property
     def threshold(self) -> float | None:
@@ -292,7 +297,17 @@ def _check(w: _Where, data, where: str) -> Check:
         _flag(w, data, "time_share", where),
         _flag(w, data, "slows_everything", where),
         _flag(w, data, "queue_share", where),
+        _verify(w, data, where),
     )
+
+
+def _verify(w: _Where, data: dict, where: str) -> str | None:
+    from ..analyzers.compare import METRIC_KEYS
+
+    value = data.get("verify")
+    if value is not None and value not in METRIC_KEYS:
+        w.fail(where, f"`verify` must be one of {', '.join(METRIC_KEYS)}, got {value!r}")
+    return value
 
 
 def _flag(w: _Where, data: dict, key: str, where: str) -> bool:
