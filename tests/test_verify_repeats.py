@@ -187,3 +187,33 @@ def test_repeats_below_one_are_refused(sliced, tmp_path):
            "--repeats", "2"]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "go with --verify-advice" in result.stderr
+
+
+def test_a_launched_server_is_relaunched_for_every_run_of_both_sides(tmp_path):
+    """--repeats with a server perfdiag launched: side A relaunches the recorded command
+    (a free port), side B the same with the advised flag; each run drives the same load."""
+    import shlex
+
+    from perfdiag.playbooks.facts import TriageContext
+    from perfdiag.probes.http_session import HttpOptions, record_http_run
+    from perfdiag.probes.server_launch import LaunchSpec
+
+    fake = Path(__file__).parent / "fake_vllm.py"
+    spec = LaunchSpec(f"{shlex.quote(sys.executable)} {shlex.quote(str(fake))} "
+                      "--max-num-seqs 2", env={"FAKE_FLAG": "1"})  # fmt: skip
+    options = RunOptions(workload=WorkloadSpec(
+        requests=4, warmup=0, seed=7, arrival=ArrivalSpec(mode="closed", concurrency=2),
+        prompt_len=LengthSpec(value=6), output_len=LengthSpec(value=4)))  # fmt: skip
+    record_http_run(options, tmp_path / "run", http=HttpOptions(launch=spec))
+    action = run_action("ttft.p50", Setting("server.max_num_seqs", 2, 4))
+    finding = Finding("server-seq-cap", 3, "", "warning", "t", "", (), (), (), (), 0.5, 0.5,
+                      action=action)  # fmt: skip
+    v = verify(TriageContext(load_run(tmp_path / "run")), finding, tmp_path / "b", repeats=2)
+    assert v.verdict in VERDICTS and len(v.runs_a) == len(v.runs_b) == 2
+    launched = [load_run(Path(p)).manifest.config["server"]["launch"]
+                for p in (*v.runs_a[1:], *v.runs_b)]  # fmt: skip
+    assert [x["args"]["max_num_seqs"] for x in launched] == [2, 4, 4]
+    assert all(x["env"] == {"FAKE_FLAG": "1"} for x in launched)
+    seeds = {load_run(Path(p)).manifest.config["run_options"]["workload"]["seed"]
+             for p in (*v.runs_a, *v.runs_b)}  # fmt: skip
+    assert seeds == {7}
