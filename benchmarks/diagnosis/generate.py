@@ -39,6 +39,7 @@ from .scenarios import HEALTHY, Scenario, _closed, _len, _open
 DEV_SEEDS = range(0, 1000)
 HELD_OUT_SEEDS = range(1000, 1_000_000)
 BLOCK = 16  # the engine's default KV block size (tokens)
+CONTEXT = {"tiny": 512, "tiny-moe": 512, "small": 2048}  # the presets' context (tokens)
 
 
 def held_out(seed: int) -> bool:
@@ -277,6 +278,10 @@ def draw(seed: int, index: int, requests: int | None = None) -> Draw:
                     max_batched_tokens=max(budget, chunk or 0)),
     )  # fmt: skip
     drawn = tuple(_draw_fault(c, rng, d) for c in faults)
+    # a request (prefix, prompt, output) must fit the model's context
+    room = CONTEXT[d["preset"]] - 8 - (d["prefix"][1] if d.get("prefix") else 0) - d["prompt"][1]
+    if d["output"][1] > room:
+        d["output"] = (min(d["output"][0], room // 2), room)
     base = Draw(**d, faults=drawn)
     # classes whose knobs are drawn (integers, burners): their magnitude follows from them
     return replace(base, faults=tuple(
@@ -460,6 +465,7 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
             g, rest = kn["groups"], _mean(d.prompt)
             m, spread = 0.2 * rel, 1 - g / d.requests
             length = max(BLOCK, round(m * rest / max(spread - m, 0.05)))
+            length = min(length, CONTEXT[d.preset] - 8 - d.prompt[1] - d.output[1])
             prefix = PrefixSpec(g, length, kn["skew"])
             engine["prefix_cache"] = False
             rel = spread * (length // BLOCK * BLOCK) / (length + rest) / 0.2
