@@ -177,3 +177,20 @@ def test_summary_counts_false_alarms_over_every_seed_and_names_why_not_applicabl
     text = "\n".join(diagnosis_main.summary(rows))
     assert "critical false alarms on healthy runs (all seeds): 1/2" in text
     assert "1 code, 1 environment" in text and "code changes" not in text
+
+
+def test_two_tiny_draws_record_calibrate_and_triage(tmp_path):
+    # a healthy closed loop and a slow-input fault below its threshold, 16 requests each
+    results = []
+    for index in (13, 2):
+        d = generate.draw(0, index, requests=16)
+        assert d.preset == "tiny" and d.loop == "closed"
+        results += generate.run_draw(d, tmp_path, seeds=1)
+    healthy, slow = results
+    cal = healthy["calibration"]
+    assert cal["capacity_rps"] > 0 and 0 < cal["ttft_s"] < cal["e2e_s"]
+    assert 0 < cal["fixed_s"] < cal["step_s"] * 10 and cal["token_s"] > 0
+    assert healthy["faults"] == [] and not healthy["critical"]
+    assert slow["faults"][0]["class"] == "slow-input"
+    assert slow["faults"][0]["relative"] == pytest.approx(generate.draw(0, 2).faults[0].relative)
+    assert len(slow["top3"]) <= 3 and slow["record_s"] > 0

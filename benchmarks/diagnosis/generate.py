@@ -39,6 +39,7 @@ from .scenarios import HEALTHY, Scenario, _closed, _len, _open
 DEV_SEEDS = range(0, 1000)
 HELD_OUT_SEEDS = range(1000, 1_000_000)
 BLOCK = 16  # the engine's default KV block size (tokens)
+MAX_SEND_S = 15.0  # an open loop's sending time at most (fewer requests at light loads)
 CONTEXT = {"tiny": 512, "tiny-moe": 512, "small": 2048}  # the presets' context (tokens)
 
 
@@ -310,7 +311,7 @@ def _draw_fault(c: FaultClass, rng: random.Random, d: dict) -> Fault:
     rel = _loguniform(rng, *c.span)
     if c.name == "client-cap":
         d["output"] = (48, 96)
-        return Fault(c.name, rel, {"cap": rng.randint(1, 3)})
+        return Fault(c.name, rel, {"cap": rng.randint(2, 4)})  # cap 1: λ too low, runs too long
     if c.name == "bursty":
         e["max_seqs"] = rng.choice((2, 4))
         d["load"] = rng.uniform(0.4, 0.8)
@@ -483,8 +484,11 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
         rels.append(rel)
     arrival = (_closed(clients) if d.loop == "closed" else
                _open(rate, cap=cap, process=process, burstiness=burst))  # fmt: skip
+    requests = d.requests
+    if rate is not None:  # an open loop sends for at most ~MAX_SEND_S (light loads are slow)
+        requests = max(16, min(requests, round(rate * MAX_SEND_S)))
     workload = dict(
-        requests=d.requests, warmup=min(4, d.requests // 8), seed=d.workload_seed + 1000 * k,
+        requests=requests, warmup=min(4, requests // 8), seed=d.workload_seed + 1000 * k,
         arrival=arrival, prompt_len=_len("uniform:{}:{}".format(*d.prompt)),
         output_len=_len("uniform:{}:{}".format(*d.output)), shared_prefix=prefix,
     )  # fmt: skip
