@@ -35,6 +35,7 @@ from .scheduler import preemptions as find_preemptions
 from .slo import Slo
 from .steady_state import INTERNAL, Window, find_window
 from .step_cost import MIN_STEPS, StepCostModel, fit_step_cost
+from .step_cost_roofline import hardware_of
 from .steptime import StepParts, StepTimeline
 from .ttft import TtftDecomposition, decompose_ttft
 
@@ -83,7 +84,7 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
     steps = timed("step timeline", StepTimeline.from_run, run, origin)
     no_steps = Missing("scheduler", ("steps",))
     comp = timed("batch composition", composition, steps) if steps is not None else no_steps
-    cost = timed("step cost", fit_step_cost, steps)
+    cost = timed("step cost", fit_step_cost, steps, hardware_of(run))
     step_cost = cost if cost is not None else Missing("step cost", (f"{MIN_STEPS}+ steps",))
     parts = StepParts.from_model(steps, cost) if steps is not None else None
     cost_steps = cost.per_step if cost is not None else None

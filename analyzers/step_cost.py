@@ -23,18 +23,26 @@ Every attribution uses the model. A step's measured time splits into
   to the measured time.
 The residual is never charged to prefill or decode: an inflated step is its own cause,
 explained elsewhere (analyzers/host.py) by what the run recorded at that moment.
+
+Pricing (what a setting would change) uses whichever of this additive model and the
+hardware-shaped one (step_cost_roofline.py) predicts held-back steps better: every
+HOLDOUT_FOLDS-th step is held back in turn, both are refitted on the rest, and the
+error is the mean over step kinds (with prefill, without) of the median |measured −
+predicted| / predicted. The roofline model is chosen only when its error is below
+ROOFLINE_MARGIN × the additive's. The parts of a step above stay additive.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from .steady_state import INTERNAL
+from .step_cost_roofline import Hardware, RooflineFit, fit_roofline
 from .steptime import StepTimeline, WorkWeights
 
 NS = 1e9
@@ -44,6 +52,10 @@ INFLATED_SIGMAS = 3.0
 INFLATED_SHARE = 0.2  # and at least this much above the prediction
 TRUSTED_R2 = 0.5
 TRUSTED_REL_ERROR = 0.15  # or: the median step is predicted this well
+HOLDOUT_FOLDS = 5
+CHOICE_STEPS = 1000
+ROOFLINE_MARGIN = 0.9  # the additive model stays unless the roofline is clearly better
+SLICE_STEP = 16  # slices are advised in multiples of this many tokens
 TERMS = ("fixed", "prefill_chunks", "prefill_tokens", "decode_seqs", "context_tokens")
 OUTLIER_COLUMNS = ("step_id", "dur_s", "predicted_s", "residual_s", "num_prefill_tokens",
                    "num_decode_seqs")  # fmt: skip
@@ -67,6 +79,14 @@ class StepCostModel:
     trusted: bool  # the composition explains the step times (r2 or median error)
     outlier_steps: pd.DataFrame = field(metadata=INTERNAL)  # the inflated steps, worst first
     per_step: pd.DataFrame = field(metadata=INTERNAL)  # parts of every step (seconds)
+    # Which model prices changes ("additive" | "roofline"), and both held-out errors.
+    chosen: str = "additive"
+    roofline_kind: str | None = None  # physics | hinge; None: no roofline fit
+    additive_heldout_error: float = float("nan")
+    roofline_heldout_error: float = float("nan")
+    roofline_token_s: float = float("nan")  # mean cost of a prefill token, roofline-priced
+    typical_slice_tokens: float = float("nan")  # median prefill tokens per chunk
+    roofline: RooflineFit | None = field(default=None, metadata=INTERNAL)
 
     def weights(self) -> WorkWeights:
         """Work weights for splitting shared steps (token counts unless the fit is
@@ -77,9 +97,23 @@ class StepCostModel:
 
     @property
     def prefill_token_cost_s(self) -> float:
-        """Seconds one prefill token costs, NaN when the fit cannot say."""
-        ok = self.trusted and self.per_prefill_token_s > 0
-        return self.per_prefill_token_s if ok else float("nan")
+        """Seconds one prefill token costs (the chosen model's mean over the run's prefill
+        steps), NaN when the fit cannot say."""
+        price = self.roofline_token_s if self.chosen == "roofline" else self.per_prefill_token_s
+        ok = self.trusted and price > 0
+        return price if ok else float("nan")
+
+    @property
+    def priced_by(self) -> str:
+        """Which model prices changes, for findings to say."""
+        other = "additive" if self.chosen == "roofline" else "roofline"
+        mine = self.roofline_heldout_error if self.chosen == "roofline" else (
+            self.additive_heldout_error)  # fmt: skip
+        theirs = self.additive_heldout_error if self.chosen == "roofline" else (
+            self.roofline_heldout_error)  # fmt: skip
+        name = f"roofline ({self.roofline_kind})" if self.chosen == "roofline" else "additive"
+        text = f"the {name} step cost model (held-out error {_pct(mine)}"
+        return text + (f"; {other} {_pct(theirs)})" if np.isfinite(theirs) else ")")
 
     @property
     def inflated_share(self) -> float:
@@ -87,12 +121,66 @@ class StepCostModel:
 
     @property
     def slice_cost_s(self) -> float:
-        """What one more step of a sliced prompt costs beyond its tokens: a step's fixed
-        cost plus a chunk's."""
+        """What one more step of a sliced prompt costs beyond its tokens: additive, a
+        step's fixed cost plus a chunk's; roofline, `slice_price_s` at the run's typical
+        slice (below the ridge a slice also pays the weights' read)."""
+        if self.chosen == "roofline" and np.isfinite(self.typical_slice_tokens):
+            return float(self.slice_price_s(self.typical_slice_tokens))
         return self.fixed_s + self.per_prefill_chunk_s
 
-    def predict_s(self, prefill_tokens=0.0, decode_seqs=0.0, context_tokens=0.0, chunks=0.0):
-        """Predicted step time of a batch (arrays broadcast)."""
+    def slice_price_s(self, tokens, decode_seqs=0.0, context_tokens=0.0):
+        """What cutting 2 × `tokens` of prompt into two slices instead of one costs: the
+        extra step minus the work moved to it, cost(2 steps of n) − cost(1 step of 2n),
+        beside `decode_seqs` decodes reading `context_tokens` (arrays broadcast)."""
+        first = self.predict_s(tokens, decode_seqs, context_tokens, 1.0)
+        # the second slice attends to the first (physics counts those pairs)
+        second = self.predict_s(tokens, decode_seqs, context_tokens, 1.0, cached_tokens=tokens)
+        whole = self.predict_s(2 * np.asarray(tokens, np.float64), decode_seqs, context_tokens, 1.0)
+        return first + second - whole
+
+    def token_cost_s(self, tokens, decode_seqs=0.0, context_tokens=0.0, with_chunk=False):
+        """What a prompt chunk's `tokens` add to a step (`with_chunk`: and the chunk's own
+        cost, s). On a GPU below the ridge, next to nothing."""
+        return self.predict_s(tokens, decode_seqs, context_tokens, 1.0) - self.predict_s(
+            0.0, decode_seqs, context_tokens, 0.0 if with_chunk else 1.0
+        )
+
+    def prefill_time_s(self, prompt_tokens, slice_tokens, decode_seqs=0.0):
+        """Step time a prompt of `prompt_tokens` (array) spends in its prefill steps when
+        cut into slices of `slice_tokens`: its full slices and the remainder, each a step
+        beside `decode_seqs` decodes."""
+        n = np.asarray(prompt_tokens, np.float64)
+        full, rest = np.floor(n / slice_tokens), np.mod(n, slice_tokens)
+        step = self.predict_s(float(slice_tokens), decode_seqs, 0.0, 1.0)
+        tail = np.where(rest > 0, self.predict_s(rest, decode_seqs, 0.0, 1.0), 0.0)
+        return full * step + tail
+
+    def finest_slice(self, overhead_share: float, limit: int = 1 << 16, decode_seqs=0.0):
+        """The smallest slice (a multiple of SLICE_STEP tokens, at most `limit`) whose
+        slicing overhead is at most `overhead_share` of its tokens' cost; None if none."""
+        sizes = np.arange(SLICE_STEP, max(limit, SLICE_STEP) + 1, SLICE_STEP, dtype=np.float64)
+        ok = self.slice_price_s(sizes, decode_seqs) <= overhead_share * self.token_cost_s(
+            sizes, decode_seqs
+        )
+        return int(sizes[np.argmax(ok)]) if ok.any() else None
+
+    def predict_s(self, prefill_tokens=0.0, decode_seqs=0.0, context_tokens=0.0, chunks=0.0,
+                  cached_tokens=0.0):  # fmt: skip
+        """Predicted step time of a batch by the chosen model (arrays broadcast).
+        `cached_tokens`: context before each prompt chunk (the physics roofline's
+        attention pairs; the other forms have no such term)."""
+        if self.chosen == "roofline" and self.roofline is not None:
+            got = self.roofline.predict_s(prefill_tokens, decode_seqs, context_tokens, chunks,
+                                          cached_tokens)  # fmt: skip
+            shape = np.broadcast_shapes(
+                *(np.shape(v) for v in (prefill_tokens, decode_seqs, context_tokens, chunks))
+            )
+            return got.reshape(shape) if shape else float(got[0])
+        return self.additive_predict_s(prefill_tokens, decode_seqs, context_tokens, chunks)
+
+    def additive_predict_s(self, prefill_tokens=0.0, decode_seqs=0.0, context_tokens=0.0,
+                           chunks=0.0):  # fmt: skip
+        """Predicted step time of a batch by the additive fit (arrays broadcast)."""
         return (
             self.fixed_s
             + self.per_prefill_chunk_s * np.asarray(chunks, dtype=np.float64)
@@ -102,8 +190,11 @@ class StepCostModel:
         )
 
 
-def fit_step_cost(timeline: StepTimeline | None) -> StepCostModel | None:
-    """The cost model of the steps, or None with fewer than MIN_STEPS steps."""
+def fit_step_cost(
+    timeline: StepTimeline | None, hardware: Hardware | None = None
+) -> StepCostModel | None:
+    """The cost model of the steps, or None with fewer than MIN_STEPS steps. `hardware`
+    (step_cost_roofline.hardware_of): the roofline's terms from the model and device."""
     if timeline is None or len(timeline) < MIN_STEPS:
         return None
     x = np.column_stack(
@@ -137,16 +228,84 @@ def fit_step_cost(timeline: StepTimeline | None) -> StepCostModel | None:
     coef_kept, weight = fits[best]
     coef = np.zeros(x.shape[1])
     coef[keep] = coef_kept
-    return _model(timeline, x, y, coef, keep, weight)
+    model = _model(timeline, x, y, coef, keep, weight)
+    return _choose(model, timeline, x, y, keep, hardware)
+
+
+def _choose(model, timeline, x, y, keep, hardware) -> StepCostModel:
+    """The additive model with the roofline fitted beside it, both held-out errors, and
+    the one that predicts held-back steps better chosen (module docstring)."""
+    prefill = timeline.prefill_tokens > 0
+    sizes = timeline.prefill_tokens[prefill] / np.maximum(timeline.prefill_seqs[prefill], 1)
+    typical = float(np.median(sizes)) if len(sizes) else float("nan")
+    # The choice and the roofline rest on at most CHOICE_STEPS steps, evenly spread (the
+    # alternating fit is many least squares; a long run has more steps than it needs).
+    pick = np.unique(np.linspace(0, len(y) - 1, min(len(y), CHOICE_STEPS)).astype(np.int64))
+    x, y, prefill = x[pick], y[pick], prefill[pick]
+    batch = tuple(b[pick] for b in (timeline.prefill_tokens, timeline.decode_seqs,
+                                    timeline.context_tokens, timeline.prefill_seqs))  # fmt: skip
+    roof = fit_roofline(y, *batch, hardware=hardware)
+    add_err = _heldout(y, prefill, lambda tr, te: x[te][:, keep] @ huber_fit(
+        x[tr][:, keep], y[tr])[0])  # fmt: skip
+    if roof is None:
+        return replace(model, additive_heldout_error=add_err, typical_slice_tokens=typical)
+    under = roof.roofs_s(*batch)
+    memory_bound = under[1] >= under[2]
+
+    def roof_predict(tr, te):
+        got = fit_roofline(y[tr], *(b[tr] for b in batch), hardware=hardware,
+                           starts=[memory_bound[tr]])  # fmt: skip
+        return got.predict_s(*(b[te] for b in batch)) if got is not None else None
+
+    roof_err = _heldout(y, prefill, roof_predict)
+    chosen = "roofline" if roof_err < ROOFLINE_MARGIN * add_err else "additive"
+    work = batch[0].sum()
+    without = roof.predict_s(0.0, batch[1], batch[2], 0.0)
+    token_s = float((roof.predict_s(*batch) - without)[prefill].sum() / work) if work else 0.0
+    return replace(
+        model,
+        chosen=chosen,
+        roofline_kind=roof.kind,
+        additive_heldout_error=add_err,
+        roofline_heldout_error=roof_err,
+        roofline_token_s=token_s,
+        typical_slice_tokens=typical,
+        roofline=roof,
+    )
+
+
+def _heldout(y, prefill, predict) -> float:
+    """Every HOLDOUT_FOLDS-th step held back in turn and predicted by a fit on the rest;
+    the mean over step kinds (with prefill, without; each with 3+ steps) of the median
+    |measured − predicted| / predicted. Inf when a fold cannot be fitted."""
+    fold = np.arange(len(y)) % HOLDOUT_FOLDS
+    pred = np.full(len(y), np.nan)
+    for k in range(HOLDOUT_FOLDS):
+        te = fold == k
+        got = predict(~te, te) if te.any() else None
+        if got is None:
+            return float("inf")
+        pred[te] = got
+    rel = np.abs(y - pred) / np.maximum(np.abs(pred), 1e-12)
+    kinds = [rel[m] for m in (prefill, ~prefill) if m.sum() >= 3]
+    return float(np.mean([np.median(r) for r in kinds])) if kinds else float("nan")
+
+
+def huber_loss(resid: np.ndarray, scale: float) -> float:
+    """Σ Huber's ρ(resid / scale)."""
+    u = np.abs(resid) / scale
+    return float(np.where(u <= HUBER_K, 0.5 * u**2, HUBER_K * u - 0.5 * HUBER_K**2).sum())
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %" if np.isfinite(x) else "n/a"
 
 
 def _robust_bic(resid: np.ndarray, scale: float, terms: int) -> float:
     """Schwarz's criterion on Huber's loss: which terms the steps can tell apart (more
     terms always fit a little better; each must pay log n to stay). Every step counts,
     the few prefill steps among many decodes too, and none counts more than linearly."""
-    u = np.abs(resid) / scale
-    loss = np.where(u <= HUBER_K, 0.5 * u**2, HUBER_K * u - 0.5 * HUBER_K**2).sum()
-    return 2.0 * float(loss) + terms * math.log(len(resid))
+    return 2.0 * huber_loss(resid, scale) + terms * math.log(len(resid))
 
 
 def huber_fit(x: np.ndarray, y: np.ndarray, iters: int = 50) -> tuple[np.ndarray, np.ndarray]:

@@ -94,7 +94,7 @@ def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:
     is smaller) — and the value at which a step's fixed cost is at most OVERHEAD_TARGET
     of a slice's cost, bounded by the longest prompt; what it saves and what a slice
     then costs decodes. ("", None) when no larger slice is possible."""
-    a, f, chunk_s = cost.per_prefill_token_s, cost.slice_cost_s, cost.per_prefill_chunk_s
+    a = cost.per_prefill_token_s
     prompts = ctx.run.requests["prompt_tokens"].to_numpy("float64", na_value=np.nan)
     if not np.isfinite(prompts).any():
         return NO_ADVICE
@@ -109,16 +109,20 @@ def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:
     knob = min(limits, key=limits.get)
     now = limits[knob]
     whole = -(-longest // 16) * 16
-    if a > 0:
-        want = int(np.ceil(f * (1 - OVERHEAD_TARGET) / OVERHEAD_TARGET / a / 16) * 16)
-    else:  # the run cannot price a token apart from its chunk (all chunks alike): one
-        want = UNPRICED_STEP * now  # bounded step at a time, checked by re-running
+    # Overhead at most OVERHEAD_TARGET of a slice's cost = at most T / (1 − T) of its
+    # tokens', priced by the chosen model (roofline: below the ridge a slice pays the
+    # weights' read again, so the answer lies past it).
+    want = cost.finest_slice(OVERHEAD_TARGET / (1 - OVERHEAD_TARGET), limit=max(whole, 16))
+    if want is None and a > 0:  # no slice up to the longest prompt pays off: one step
+        want = whole
+    elif want is None:  # the run cannot price a token apart from its chunk (all chunks
+        want = UNPRICED_STEP * now  # alike): one bounded step at a time, checked by re-running
     best = min(want, whole)
     if best <= now:
         return NO_ADVICE
     lengths = prompts[np.isfinite(prompts)]
     # Per request, then averaged: prompts just above a slice pay a whole extra step.
-    saved = float(np.mean(np.ceil(lengths / now) - np.ceil(lengths / best))) * f
+    saved = float(np.mean(cost.prefill_time_s(lengths, now) - cost.prefill_time_s(lengths, best)))
     steps = f"{np.ceil(mean_prompt / best):.0f} steps instead of {np.ceil(mean_prompt / now):.0f}"
     chunk_to = Setting("engine.chunk_size", chunk, best)
     budget_to = Setting("engine.max_batched_tokens", budget, best + decodes)
@@ -143,8 +147,9 @@ def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:
     )
     if a > 0:
         text += (
-            f"a slice then holds a decode back {ms(chunk_s + best * a):.0f} ms instead of "
-            f"{ms(chunk_s + now * a):.0f} ms."
+            f"a slice then holds a decode back {ms(cost.token_cost_s(best, with_chunk=True)):.0f}"
+            f" ms instead of {ms(cost.token_cost_s(now, with_chunk=True)):.0f} ms (priced by "
+            f"{cost.priced_by})."
         )
     else:
         text += (

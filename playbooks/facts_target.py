@@ -337,13 +337,15 @@ def _kv_advice(ctx, settings: ServerSettings, blocks, block, need) -> str:
 @fact(
     "server_budget_slicing",
     provides=("source", "budget", "prompt_tokens", "steps_per_prompt", "step_ms", "extra_ms",
-              "full_pct", "held_ms", "prefill_ms", "ttft_ms", "suggested", "advice"),
+              "priced_by", "full_pct", "held_ms", "prefill_ms", "ttft_ms", "suggested",
+              "advice"),
 )  # fmt: skip
 def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
     """The share of the client's mean TTFT that the server's per-step token budget costs
-    when it cuts prompts into several steps: the extra steps (each beyond the first costs
-    about a step's fixed part — weights read, launch, the running decodes — bounded above
-    by the server's median inter-token latency) and the queue while steps were full (a
+    when it cuts prompts into several steps: the extra steps, priced roofline-shaped where
+    the server's prefill histogram allows (`_slice_extra_s`), else each beyond the first
+    at the server's median inter-token latency (an upper bound: a step's fixed part —
+    weights read, launch, the running decodes), and the queue while steps were full (a
     budget smaller than a prompt caps the prefill tokens the server takes per step, so
     while requests wait with the sequence cap and the KV cache not reached, they wait for
     it)."""
@@ -362,7 +364,8 @@ def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
         return Unavailable("the run records no prompt lengths")
     steps = np.ceil(prompts / budget)
     step_s = sm.histograms["itl_s"].quantile(0.5)[0]  # a step that adds one token
-    extra = float(np.mean(steps - 1)) * step_s
+    prefill = sm.histograms["prefill_s"].mean if "prefill_s" in sm.histograms else float("nan")
+    extra, priced_by = _slice_extra_s(prompts, budget, step_s, prefill)
     ttft = float(served["ttft_s"].mean())
     full = _held_by_budget(sm, _cap(sm, settings))
     sliced = bool((steps > 1).any())
@@ -376,7 +379,6 @@ def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
               "step). A larger budget lengthens the steps that running decodes share: "
               f"{settings.knob('long_prefill_token_threshold') or 'a per-request prefill cap'} "
               "keeps long prompts from filling whole steps if ITL suffers")  # fmt: skip
-    prefill = sm.histograms["prefill_s"].mean if "prefill_s" in sm.histograms else float("nan")
     evidence = (
         ev(
             "source",
@@ -389,6 +391,7 @@ def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
         ev("steps_per_prompt", "steps per prompt (mean)", float(steps.mean())),
         ev("step_ms", "a step without prefill (server ITL p50)", ms(step_s), "ms"),
         ev("extra_ms", "extra steps' cost per request", ms(extra), "ms"),
+        ev("priced_by", "extra steps priced by", priced_by),
         ev("full_pct", "scrapes with a queue held by neither cap nor KV", full, "%"),
         ev("held_ms", "queue the budget held (mean)", ms(held), "ms"),
         ev("prefill_ms", "server prefill (mean)", ms(prefill), "ms"),
@@ -403,6 +406,39 @@ def server_budget_slicing(ctx: TriageContext) -> Fact | Unavailable:
             settings, "ttft.p50", "max_num_batched_tokens", budget, suggested, expect
         )
     return Fact(value, evidence, impact=value if math.isfinite(value) else 0.0, action=action)
+
+
+def _slice_extra_s(prompts, budget: int, step_s: float, prefill_s: float) -> tuple[float, str]:
+    """Mean extra prefill time per request that slicing at `budget` costs, and what priced
+    it. Roofline-shaped: a step of n prompt tokens costs max(D, c·n), D = the ITL p50 (a
+    step bound by reading the weights and its overheads) and c the compute cost of a token,
+    solved so that the prompts' steps add up to the server's mean prefill time (an upper
+    bound on c: that time also holds the other work of its steps). A prompt of L tokens
+    then pays Σ max(D, c·n_k) − max(D, c·L) for its slices, at most (steps − 1)·D. Where
+    the prefill time is no longer than a decode step per slice (no compute to find), or
+    not recorded, each extra step is priced at D: the bound."""
+    steps = np.ceil(prompts / budget)
+    bound = float(np.mean(steps - 1)) * step_s
+    words = "server ITL p50 per extra step (an upper bound)"
+    if not (math.isfinite(prefill_s) and prefill_s > 0 and step_s > 0):
+        return bound, words
+    full, rest = np.floor(prompts / budget), np.mod(prompts, budget)
+
+    def sliced(c):  # mean Σ max(D, c·n_k) over the prompts
+        return float(np.mean(full * max(step_s, c * budget)
+                             + np.where(rest > 0, np.maximum(step_s, c * rest), 0.0)))  # fmt: skip
+
+    if prefill_s <= sliced(0.0):  # every slice no slower than a decode step
+        return bound, words
+    lo, hi = 0.0, prefill_s / max(float(np.min(prompts)), 1.0)
+    for _ in range(60):  # sliced() is monotone in c
+        lo, hi = (lo, (lo + hi) / 2) if sliced((lo + hi) / 2) >= prefill_s else ((lo + hi) / 2, hi)
+    c = (lo + hi) / 2
+    extra = sliced(c) - float(np.mean(np.maximum(step_s, c * prompts)))
+    return max(min(extra, bound), 0.0), (
+        f"a roofline from the server's counters: max({ms(step_s):.1f} ms (ITL p50), "
+        f"{c * 1e6:.1f} µs × tokens) a step, the token cost from the mean prefill time"
+    )
 
 
 def _held_by_budget(sm: ServerMetrics, cap: int | None) -> float:
