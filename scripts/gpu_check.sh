@@ -14,7 +14,9 @@
 #   3. a short `perfdiag run` on CUDA with the Triton kernels and a profiler window, and
 #      one with CUDA graphs
 #   4. `perfdiag calibrate` (measured matmul FLOP/s and copy bandwidth), then
-#      `perfdiag timeline` on the first run: every kernel on the roofline of those ceilings
+#      `perfdiag timeline` on the first run: every kernel on the roofline of those ceilings,
+#      and scripts/step_cost_check.py: which step cost model (additive or roofline) the
+#      run's steps choose, and what one more prompt slice costs (issue 35)
 #   5. kernel micro-benchmarks (triton.testing.do_bench): achieved GB/s and FLOP/s against
 #      the measured ceilings (the Q4_1/Q8_0 dequant GEMV/GEMM beside the dense one among
 #      them), and a decode step with and without CUDA graphs at batch 1
@@ -63,6 +65,7 @@ STEPS=(
     "run graphs|45|$PY -m perfdiag run --preset small --device cuda --kernel-backend triton --cuda-graphs -n 16 --closed -c 4 --prompt-len 64 --output-len 48 --no-device-sampling -q -o $RUN2"
     "calibrate|45|$PY -m perfdiag calibrate --ceilings-dir $CEIL --seconds 0.3 --json > $LOG/calibrate.json && cat $LOG/calibrate.json"
     "roofline|30|$PY -m perfdiag timeline $RUN1 --ceilings-dir $CEIL"
+    "step cost|5|$PY scripts/step_cost_check.py $RUN1 --ceilings-dir $CEIL"
     "benchmarks|85|$PY -m perfdiag.engine_ref.kernels.bench --json $LOG/bench.json --ceilings-dir $CEIL"
 )
 
