@@ -271,10 +271,12 @@ def draw(seed: int, index: int, requests: int | None = None) -> Draw:
     loops = {c.loop for c in faults} - {None}
     loop = loops.pop() if loops else loop
     load = rng.uniform(0.2, 0.6) if loop == "open" else float(rng.randint(1, max_seqs))
+    process = rng.choice(("poisson", "constant"))
+    drawn_requests = rng.randint(24, 48)  # drawn always: --requests changes nothing else
     d = dict(
         seed=seed, index=index, preset=preset, loop=loop, load=load,
-        process=rng.choice(("poisson", "constant")), prompt=prompt, output=output,
-        requests=requests or rng.randint(24, 48), workload_seed=rng.randint(1, 99_999),
+        process=process, prompt=prompt, output=output,
+        requests=requests or drawn_requests, workload_seed=rng.randint(1, 99_999),
         engine=dict(preset=preset, max_seqs=max_seqs, chunk_size=chunk, kv_cache_mb=64.0,
                     max_batched_tokens=max(budget, chunk or 0)),
     )  # fmt: skip
@@ -330,7 +332,6 @@ def _draw_fault(c: FaultClass, rng: random.Random, d: dict) -> Fault:
             k = cap + rng.randint(0, 5)
             d["prefix"] = (rng.randint(6, 12), rng.choice((64, 96, 128)), rng.uniform(1.0, 1.6))
             d["prompt"] = (8, 48)
-            d["requests"] = max(d["requests"], 48)
         d["load"] = float(k)
         return Fault(c.name, float("nan"), {"cap": cap, "clients": k})
     if c.name == "prefix-cache-off":
