@@ -40,6 +40,10 @@ DEV_SEEDS = range(0, 1000)
 HELD_OUT_SEEDS = range(1000, 1_000_000)
 BLOCK = 16  # the engine's default KV block size (tokens)
 MAX_SEND_S = 15.0  # an open loop's sending time at most (fewer requests at light loads)
+# ... and at least: the load checks judge a queue's growth per second of sending and the
+# gaps' variability, which 48 requests at tiny's ~100 req/s (0.5 s) cannot show (dev run)
+MIN_SEND_S = 4.0
+MAX_REQUESTS = 240
 CONTEXT = {"tiny": 512, "tiny-moe": 512, "small": 2048}  # the presets' context (tokens)
 
 
@@ -486,8 +490,9 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
     arrival = (_closed(clients) if d.loop == "closed" else
                _open(rate, cap=cap, process=process, burstiness=burst))  # fmt: skip
     requests = d.requests
-    if rate is not None:  # an open loop sends for at most ~MAX_SEND_S (light loads are slow)
-        requests = max(16, min(requests, round(rate * MAX_SEND_S)))
+    if rate is not None:  # an open loop sends for MIN_SEND_S to MAX_SEND_S
+        requests = max(requests, round(rate * MIN_SEND_S))
+        requests = max(16, min(requests, round(rate * MAX_SEND_S), MAX_REQUESTS))
     workload = dict(
         requests=requests, warmup=min(4, requests // 8), seed=d.workload_seed + 1000 * k,
         arrival=arrival, prompt_len=_len("uniform:{}:{}".format(*d.prompt)),
