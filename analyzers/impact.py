@@ -14,6 +14,16 @@ The rule, one for every latency cause (docs/triage.md):
   pays double), warning when it would cut the mean by ≥ 10 % or the p99 by ≥ 20 %,
   otherwise at most a note.
 A check's own thresholds say whether it fires; this rule caps how loud it may be.
+
+Removing a part is an upper bound no setting delivers. Where a finding's advice is a
+setting whose effect the run's own models price (the step cost model for a chunk, the
+limits for a queue), its impact is that prediction instead (`predicted_impact`): what
+each request or gap would save with the advised value, judged on the metric the advice
+targets (`ttft.p50` → the median, `itl.p99` → the 99th percentile, …): critical when the
+advice is predicted to at least halve it, warning when to cut it by ≥ 10 %, otherwise a
+note — a finding whose best advice gains little is information, not a warning. With an
+SLO on that metric the SLO rule above applies to the predicted values. The prediction's
+uncertainty is a bootstrap interval over the requests or gaps.
 """
 
 from __future__ import annotations
@@ -34,6 +44,11 @@ class Impact:
     mean_gain: float
     tail_gain: float
     slo_gain: float | None = None  # None: no SLO on this metric
+    # With an advice's prediction (predicted_impact): the metric it targets and the gain
+    # on that metric, with a 95 % bootstrap interval. None: the cause's removal bound.
+    target: str | None = None
+    target_gain: float | None = None
+    target_gain_ci: tuple[float, float] | None = None
 
     @property
     def max_severity(self) -> str:
@@ -41,6 +56,10 @@ class Impact:
             if self.slo_gain >= CRITICAL_SLO_GAIN:
                 return "critical"
             return "warning" if self.slo_gain >= WARNING_SLO_GAIN else "info"
+        if self.target_gain is not None:
+            if self.target_gain >= CRITICAL_MEAN_GAIN:
+                return "critical"
+            return "warning" if self.target_gain >= WARNING_MEAN_GAIN else "info"
         if self.mean_gain >= CRITICAL_MEAN_GAIN:
             return "critical"
         if self.mean_gain >= WARNING_MEAN_GAIN or self.tail_gain >= WARNING_TAIL_GAIN:
@@ -52,6 +71,8 @@ class Impact:
         """One number to rank by: the larger of the two gains (or the SLO gain)."""
         if self.slo_gain is not None:
             return self.slo_gain
+        if self.target_gain is not None:
+            return self.target_gain
         return max(self.mean_gain, self.tail_gain)
 
 
@@ -74,6 +95,50 @@ def impact_of(values: np.ndarray, part: np.ndarray, target_s: float | None = Non
     if target_s is not None:
         slo = float(((v > target_s) & (rest <= target_s)).sum() / len(v))
     return Impact(float(mean_gain), float(tail_gain), slo)
+
+
+def predicted_impact(
+    values: np.ndarray,
+    saved: np.ndarray,
+    target: str,
+    target_s: float | None = None,
+    resamples: int = 400,
+) -> Impact:
+    """Impact of an advised change predicted to save `saved` of each of `values`
+    (seconds), judged on `target` (an action's metric key: its statistic after the dot,
+    `p50`, `p99`, `mean`, …); `target_s`: the SLO's bound on the metric, if any."""
+    v = np.asarray(values, dtype=np.float64)
+    cut = np.nan_to_num(np.asarray(saved, dtype=np.float64))  # < 0: the advice costs it
+    ok = np.isfinite(v)
+    v, cut = v[ok], np.minimum(cut[ok], np.clip(v[ok], 0.0, None))
+    stat = _statistic(target)
+    if not len(v) or not stat(v) > 0:
+        return Impact(0.0, 0.0, None if target_s is None else 0.0, target, 0.0, (0.0, 0.0))
+    rest = v - cut
+    p99 = np.percentile(v, 99)
+    tail = 1.0 - np.percentile(rest, 99) / p99 if p99 > 0 else 0.0
+    slo = None if target_s is None else float(((v > target_s) & (rest <= target_s)).mean())
+    gain = 1.0 - stat(rest) / stat(v)
+    rng = np.random.default_rng(0)  # the same run gives the same interval
+    draws = []
+    for _ in range(resamples):
+        i = rng.integers(0, len(v), len(v))
+        s0 = stat(v[i])
+        if s0 > 0:
+            draws.append(1.0 - stat(rest[i]) / s0)
+    low, high = np.percentile(draws, [2.5, 97.5]) if draws else (gain, gain)
+    return Impact(float(1.0 - rest.mean() / v.mean()), float(tail), slo, target, float(gain),
+                  (float(low), float(high)))  # fmt: skip
+
+
+def _statistic(target: str):
+    """The statistic a metric key names after its dot (ttft.p90 → the 90th percentile;
+    mean or none → the mean)."""
+    stat = target.rsplit(".", 1)[-1]
+    if stat.startswith("p") and stat[1:].replace(".", "", 1).isdigit():
+        q = float(stat[1:])
+        return lambda x: float(np.percentile(x, q))
+    return lambda x: float(np.mean(x))
 
 
 def uniform_impact(share: float) -> Impact:

@@ -136,8 +136,11 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         # share: 11 % of step time lost to a neighbour does not explain 60 % of TTFT in
         # input processing. A queue grows faster than the loss near saturation, so it is
         # the loss's unless the queue at the engine's load without the loss would still
-        # fire. A root with a mechanism of its own (slow input stalling deliveries) is not
-        # limited.
+        # fire — in an open loop. A closed loop's queue is structural: n clients under
+        # limits that run fewer keep the rest waiting, each for about (n − c) / c
+        # service times, so a loss stretching service alike leaves its share of latency
+        # unchanged: the limit is the cause, whatever the load. A root with a mechanism of
+        # its own (slow input stalling deliveries) is not limited.
         r = playbook.check(root)
         if not r.slows_everything or c.threshold is None:
             return True
@@ -145,6 +148,8 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         if c.time_share:
             return not value - loss >= c.threshold
         if c.queue_share:
+            if _closed_loop(fired[c.id]):
+                return False
             busy = _evidence(fired[root], "engine_busy_pct")
             return not queue_share_without_loss(value, loss, busy) >= c.threshold
         return True
@@ -178,7 +183,11 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         # follows that root among findings as severe: fixing the root shrinks it.
         if f.severity == "info" or f.consequence_of:
             return None
-        return strongest(r for r in playbook.check(f.check).consequence_of if r in fired)
+        c = playbook.check(f.check)
+        # A closed loop's queue is no part a neighbour took (see covers).
+        alike = c.queue_share and _closed_loop(f)
+        roots = [r for r in c.consequence_of if r in fired]
+        return strongest(r for r in roots if not (alike and playbook.check(r).slows_everything))
 
     resolved = [_replace(f, in_part_from=in_part(f)) for f in resolved]
 
@@ -211,6 +220,11 @@ def queue_share_without_loss(share: float, loss: float, busy: float) -> float:
     scale = (quiet / (1 - quiet)) / (busy / (1 - busy)) * (1 - loss)
     queue, rest = share * scale, (1 - share) * (1 - loss)
     return queue / (queue + rest) if queue + rest > 0 else 0.0
+
+
+def _closed_loop(f: Finding) -> bool:
+    """The finding's run drove a closed loop (its `loop` evidence, where it has one)."""
+    return any(e.name == "loop" and e.value == "closed loop" for e in f.evidence)
 
 
 def _evidence(f: Finding, name: str) -> float:

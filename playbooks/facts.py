@@ -23,7 +23,7 @@ import pandas as pd
 
 from ..analyzers.actions import Action
 from ..analyzers.findings import Evidence, IdList
-from ..analyzers.impact import Impact, impact_of
+from ..analyzers.impact import Impact, impact_of, predicted_impact
 from ..analyzers.lifecycle import Missing
 from ..analyzers.run_config import engine_setting, section
 from ..analyzers.serving import ServingAnalysis, analyze_serving
@@ -249,6 +249,14 @@ def impact_evidence(impact: Impact, metric: str) -> tuple:
     )
     if impact.slo_gain is not None:
         out += (ev("slo_gain", "requests it alone makes miss the SLO", impact.slo_gain, "%"),)
+    if impact.target_gain is not None:
+        low, high = impact.target_gain_ci or (impact.target_gain, impact.target_gain)
+        out += (
+            ev("predicted_gain", f"{impact.target} with the advice (predicted)",
+               -impact.target_gain, "%"),
+            ev("predicted_interval", "its 95 % interval (bootstrap)",
+               f"{-high:+.0%} to {-low:+.0%}"),
+        )  # fmt: skip
     return out
 
 
@@ -267,3 +275,38 @@ def itl_impact(ctx: TriageContext, per_gap, column: str) -> Impact:
         return impact_of(by["gap_s"].to_numpy(), by[column].to_numpy(), slo.tpot_s)
     target = slo.itl_s if slo is not None else None
     return impact_of(per_gap["gap_s"].to_numpy(), per_gap[column].to_numpy(), target)
+
+
+def ttft_predicted(ctx: TriageContext, per_request, saved: str, target: str) -> Impact:
+    """An advice predicted to save `saved` of each request's TTFT, judged on `target`."""
+    slo = ctx.slo
+    bound = slo.ttft_s if slo is not None else None
+    ttft = per_request["ttft_s"].to_numpy()
+    return predicted_impact(ttft, per_request[saved].to_numpy(), target, bound)
+
+
+def itl_predicted(ctx: TriageContext, per_gap, saved: str, target: str) -> Impact:
+    """An advice predicted to save `saved` of each gap, judged on `target` (per request,
+    its mean gap, against a TPOT bound)."""
+    slo = ctx.slo
+    if slo is not None and slo.itl_s is None and slo.tpot_s is not None:
+        by = per_gap.groupby("code", sort=False)[["gap_s", saved]].mean()
+        return predicted_impact(by["gap_s"].to_numpy(), by[saved].to_numpy(), target, slo.tpot_s)
+    bound = slo.itl_s if slo is not None else None
+    return predicted_impact(per_gap["gap_s"].to_numpy(), per_gap[saved].to_numpy(), target, bound)
+
+
+def arrival_spec(ctx: TriageContext) -> dict:
+    """The workload's arrival process as recorded ({} when not recorded): mode open or
+    closed, rate, concurrency (a closed loop's clients, an open loop's cap)."""
+    arrival = (ctx.run_options.get("workload") or {}).get("arrival")
+    return arrival if isinstance(arrival, dict) else {}
+
+
+def stall_predicted(per_gap, saved: str, target: str) -> Impact:
+    """An advice predicted to save `saved` of each gap, judged on each request's longest
+    gap (`stall.p90`: the stall that 1 in 10 requests' streams showed)."""
+    g = per_gap.assign(after_s=per_gap["gap_s"] - per_gap[saved].fillna(0.0))
+    by = g.groupby("code", sort=False)[["gap_s", "after_s"]].max()
+    before = by["gap_s"].to_numpy("float64")
+    return predicted_impact(before, before - by["after_s"].to_numpy("float64"), target)

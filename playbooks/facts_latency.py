@@ -20,16 +20,23 @@ from .facts import (
     Param,
     TriageContext,
     Unavailable,
+    arrival_spec,
     ev,
     fact,
     impact_evidence,
     itl_impact,
     ms,
     share,
+    stall_predicted,
     ttft_impact,
+    ttft_predicted,
     worst,
 )
 
+# What prefill interference costs users: the stall in each request's stream (its longest
+# gap), at the 90th percentile over requests — spikes rarer than 1 % of gaps reach most
+# streams yet leave ITL p99 unmoved. The playbook's `verify:` names the same metric.
+STALL_TARGET = "stall.p90"
 _PART_LABEL = {
     "input_s": "input processing",
     "queue_s": "engine queue",
@@ -80,6 +87,10 @@ _LIMIT_LABEL = {
         "chunking",
         "inherent_ms",
         "limit_advice",
+        "loop",
+        "clients",
+        "predicted_gain",
+        "predicted_interval",
     ),
     part=Param(str, choices=PARTS),
     inherent_steps=Param(float, 0.0),
@@ -117,11 +128,15 @@ def ttft_part_share(ctx: TriageContext, part: str, inherent_steps: float) -> Fac
     )
     evidence += (ev("inherent_ms", "inherent wait left out, per request", ms(inherent), "ms"),)
     impact = ttft_impact(ctx, per_request, part)
-    evidence += impact_evidence(impact, "TTFT")
     action = _CODE_ACTIONS.get(part)
     if part == "queue_s":
         limits, (advice, action) = _limits_evidence(ctx)
-        evidence += (*limits, ev("limit_advice", "advice", advice))
+        evidence += (*limits, ev("limit_advice", "advice", advice), *_loop_evidence(ctx))
+        saved = _queue_saved(ctx, per_request, action)
+        if saved is not None:
+            frame = per_request.assign(saved_s=saved)
+            impact = ttft_predicted(ctx, frame, "saved_s", action.target)
+    evidence += impact_evidence(impact, "TTFT")
     ids = (worst(t.per_request, part, f"most {_PART_LABEL[part]}"),)
     impact_share = value if np.isfinite(value) else 0.0
     return Fact(
@@ -158,6 +173,69 @@ def _limits_evidence(ctx: TriageContext) -> tuple[tuple, tuple[str, Action | Non
         ev("limits", f"limits in the {lim.steps_with_queue} steps with a queue", limits),
         ev("kv_peak_pct", "peak KV use", lim.kv_peak_share, "%"),
     ), advice
+
+
+def _loop_evidence(ctx: TriageContext) -> tuple:
+    """How the load arrived: a closed loop's queue is structural (its clients against the
+    limits), an open loop's grows with load and bursts (playbooks/evaluate.py)."""
+    arrival = arrival_spec(ctx)
+    mode = arrival.get("mode") if arrival.get("mode") in ("open", "closed") else "unknown"
+    clients = arrival.get("concurrency") if mode == "closed" else None
+    return (
+        ev("loop", "arrivals", f"{mode} loop" if mode != "unknown" else "not recorded"),
+        ev("clients", "closed-loop clients", clients if clients else "not a closed loop"),
+    )
+
+
+def _queue_saved(ctx: TriageContext, per_request, action: Action | None):
+    """Per request, the queue wait the advised limit is predicted to save, less what the
+    larger batches it admits add to the rest of its TTFT (step cost model); None when the
+    advice is no limit the model prices.
+
+    A closed loop of n clients under a cap c keeps n − c waiting, each for about
+    (n − c) / c request service times; with the cap at t, (n − t) / t of the new service
+    time. An open loop keeps the share of its queue that demand above t still makes:
+    1 − (t − c) / (demand − c). A KV pool planned for the demand leaves no queue."""
+    if action is None or not action.settings:
+        return None
+    lim = ctx.get("limits")
+    setting = action.settings[0]
+    queue = per_request["queue_s"].to_numpy("float64")
+    rest = per_request["ttft_s"].to_numpy("float64") - queue
+    if setting.option == "engine.kv_blocks" or setting.option == "engine.kv_cache_mb":
+        return queue
+    now, to = setting.now, setting.to
+    if not (isinstance(now, int | float) and isinstance(to, int | float) and to > now > 0):
+        return None
+    if setting.option == "engine.max_seqs":
+        arrival = arrival_spec(ctx)
+        clients = arrival.get("concurrency") if arrival.get("mode") == "closed" else None
+        if clients and clients > now:
+            left = (max(clients - to, 0) / to) / ((clients - now) / now)
+        elif lim is not None and lim.demand_p90 and lim.demand_p90 > now:
+            left = max(0.0, 1.0 - (to - now) / (lim.demand_p90 - now))
+        else:
+            return None
+        slower = _step_ratio(ctx, decode_seqs=(now, to))
+    elif setting.option == "engine.max_batched_tokens":
+        # The advice sizes the budget to admit the waiting prompts; steps with more
+        # prefill tokens cost more (the model's price of the extra tokens).
+        left = 0.0
+        slower = _step_ratio(ctx, prefill_tokens=(now, to))
+    else:
+        return None
+    return queue * (1.0 - left * slower) - rest * (slower - 1.0)
+
+
+def _step_ratio(ctx: TriageContext, **change) -> float:
+    """How much longer a full step gets when one of its batch's terms goes from `now` to
+    `to` (1 when the cost model is not trusted)."""
+    cost = ctx.get("step_cost")
+    if cost is None or not cost.trusted:
+        return 1.0
+    ((name, (now, to)),) = change.items()
+    before, after = cost.predict_s(**{name: now}), cost.predict_s(**{name: to})
+    return float(after / before) if before > 0 and after >= before else 1.0
 
 
 @fact("ttft_overhead", provides=("ttft_ms", "own_ms"))
@@ -231,6 +309,8 @@ def itl_spike(ctx: TriageContext, min_ratio: float, min_excess_ms: float) -> Fac
         "slo_gain",
         "chunk_advice",
         "budget_advice",
+        "predicted_gain",
+        "predicted_interval",
     ),
     cause=Param(str, choices=CAUSES),
     min_ratio=Param(float, 3.0),
@@ -264,11 +344,18 @@ def itl_tail_share(
         ev("chunking", "chunked prefill", _chunking(ctx)),
     )
     impact = itl_impact(ctx, itl.per_gap, f"{cause}_s")
-    evidence += impact_evidence(impact, "ITL")
     action = None
     if cause == "interference":
-        advice, action = _interference_advice(ctx)
+        advice, action, slice_s = _interference_advice(ctx)
         evidence += advice
+        if slice_s is not None:
+            # What the advice achieves, not the interference's removal: a gap then still
+            # holds one slice of at most the advised size (0 saved when no finer chunk
+            # would help).
+            part = itl.per_gap["interference_s"].to_numpy("float64")
+            saved = np.maximum(np.nan_to_num(part) - slice_s, 0.0)
+            impact = stall_predicted(itl.per_gap.assign(saved_s=saved), "saved_s", STALL_TARGET)
+    evidence += impact_evidence(impact, "ITL")
     ids = [worst(itl.per_gap, f"{cause}_s", f"largest {cause.replace('_', ' ')} in a gap")]
     comp = ctx.get("composition")
     if cause == "interference" and comp is not None:
@@ -284,12 +371,14 @@ def itl_tail_share(
     )
 
 
-def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None]:
+def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None, float | None]:
     """Concrete knobs for prefill interference, priced by the step cost model: the
     finest chunk whose overhead is at most OVERHEAD_TARGET of its tokens' cost (finer
     chunks cost more TTFT than they save ITL), what a decode's worst gap then
     becomes, and what the longest prompt pays for it. Never suggests what is in effect
-    already or a change in the wrong direction."""
+    already or a change in the wrong direction. Also returns what a prompt's slice costs
+    a step once the advice is applied (inf when no finer chunk is advised: nothing is
+    saved; None when the model cannot price it)."""
     chunk = ctx.chunk_size
     budget = ctx.engine_setting("max_batched_tokens", "scheduler", "max_num_batched_tokens")
     cost, comp = ctx.get("step_cost"), ctx.get("composition")
@@ -300,19 +389,15 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None]:
         f"now: {_chunking(ctx)})."
     )
     if cost is None or comp is None or not cost.trusted or cost.per_prefill_token_s <= 0:
-        return (
-            ev("chunk_advice", "chunking", generic),
-            ev("budget_advice", "token budget", ""),
-        ), None
-    a = cost.per_prefill_token_s
-    decode_step = cost.fixed_s + cost.per_decode_seq_s * max(comp.mean_decode_seqs, 1.0)
-    per_chunk = cost.per_prefill_chunk_s
+        advice = (ev("chunk_advice", "chunking", generic), ev("budget_advice", "token budget", ""))
+        return advice, None, None
+    decode_step = cost.predict_s(0.0, max(comp.mean_decode_seqs, 1.0))
     sizes = [x for x in (chunk, budget, longest) if x]
     effective = min(sizes) if sizes else None
     # The finest chunk whose step and chunk overhead is at most OVERHEAD_TARGET of its
     # tokens' cost: finer slicing costs more TTFT and load than it takes off a decode's
     # wait (and chunk-too-small would then name it).
-    best = max(16, int(np.ceil(cost.slice_cost_s / (a * OVERHEAD_TARGET) / 16)) * 16)
+    best = cost.finest_slice(OVERHEAD_TARGET) or 1 << 16  # priced by the chosen model
     if effective is None or best >= effective:
         text = (
             f"Chunks are already at most {effective} tokens (chunk {_chunking(ctx)}, longest "
@@ -320,12 +405,14 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None]:
             "remains is the prompts' own cost: serve shared prefixes from the cache, shorten "
             "prompts, or send long prompts to a replica of their own."
         )
-        return (ev("chunk_advice", "chunking", text), ev("budget_advice", "token budget", "")), None
-    now_ms = ms(decode_step + per_chunk + effective * a)
-    then_ms = ms(decode_step + per_chunk + best * a)
+        # No finer chunk is advised: the advice saves nothing a setting can.
+        return (ev("chunk_advice", "chunking", text),
+                ev("budget_advice", "token budget", "")), None, float("inf")  # fmt: skip
+    now_ms = ms(cost.predict_s(effective, max(comp.mean_decode_seqs, 1.0), 0.0, 1.0))
+    then_ms = ms(cost.predict_s(best, max(comp.mean_decode_seqs, 1.0), 0.0, 1.0))
     knob = f"now {chunk}" if chunk else "chunked prefill is off now"
     text = f"Set --chunk-size {best} ({knob}): a chunk then costs about "
-    text += f"{ms(per_chunk + best * a):.0f} ms "
+    text += f"{ms(cost.token_cost_s(best, with_chunk=True)):.0f} ms "
     text += f"beside a {ms(decode_step):.0f} ms decode step, so a decode's worst gap should "
     text += f"fall from about {now_ms:.0f} to {then_ms:.0f} ms"
     if longest:
@@ -347,9 +434,10 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None]:
         )
         settings.append(Setting("engine.max_batched_tokens", budget, cap))
     expect = f"worst gap about {then_ms:.0f} ms instead of {now_ms:.0f} ms"
-    action = run_action("itl.p99", *settings, expect=expect)
-    return (ev("chunk_advice", "chunking", text + "."),
-            ev("budget_advice", "token budget", "")), action  # fmt: skip
+    action = run_action(STALL_TARGET, *settings, expect=expect)
+    advice = (ev("chunk_advice", "chunking", text + "."), ev("budget_advice", "token budget", ""))
+    decodes = max(comp.mean_decode_seqs, 1.0)
+    return advice, action, float(cost.token_cost_s(best, decodes, with_chunk=True))
 
 
 def _chunking(ctx: TriageContext) -> str:

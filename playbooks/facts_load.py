@@ -14,6 +14,7 @@ from .facts import (
     Param,
     TriageContext,
     Unavailable,
+    arrival_spec,
     ev,
     fact,
     finite,
@@ -25,11 +26,6 @@ from .facts import (
 )
 
 UNCAPPED_WAIT_S = 10e-3  # a run that does not say how it was driven: waits above this count
-
-
-def _arrival(ctx: TriageContext) -> dict:
-    arrival = (ctx.run_options.get("workload") or {}).get("arrival")
-    return arrival if isinstance(arrival, dict) else {}
 
 
 @fact(
@@ -171,7 +167,7 @@ def wait_growth(ctx: TriageContext, min_requests: int) -> Fact | Unavailable:
     m = ctx.get("metrics")
     if m is None:
         return ctx.missing("metrics")
-    if _arrival(ctx).get("mode") == "closed":
+    if arrival_spec(ctx).get("mode") == "closed":
         return Unavailable(
             "a closed loop sends only when a request ends: it cannot outrun the engine"
         )
@@ -230,7 +226,7 @@ def _capacity_advice(ctx: TriageContext, completion_rps: float):
         text, action = seq_cap_advice(ctx, lim)
         if action is not None:
             return text, action
-    rate = _arrival(ctx).get("rate")
+    rate = arrival_spec(ctx).get("rate")
     if not finite(completion_rps) or completion_rps <= 0 or not rate:
         return NO_ADVICE
     to = round(0.8 * completion_rps, 1)
@@ -277,7 +273,7 @@ def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
     m, t = ctx.get("metrics"), ctx.get("ttft")
     if m is None or t is None:
         return ctx.missing("metrics" if m is None else "ttft")
-    if _arrival(ctx).get("mode") == "closed":
+    if arrival_spec(ctx).get("mode") == "closed":
         return Unavailable("a closed loop sends when a request ends: its arrivals have no shape")
     pr = m.per_request
     ok = ~pr["is_warmup"].to_numpy(bool)

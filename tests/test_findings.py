@@ -198,6 +198,31 @@ def test_a_queue_at_light_load_is_not_a_small_neighbours():
     assert unknown["bursty-load"].consequence_of == "host-contention"
 
 
+def test_a_closed_loops_queue_is_its_limits_not_a_neighbours():
+    """Issue 35's case: 8 clients under a sequence cap of 2 beside an 11 % neighbour, the
+    engine busy 99 % of the time. In a closed loop the queue is structural — n clients
+    under a cap c wait about (n − c) / c service times each whatever the service time —
+    so the neighbour explains none of it (not even in part): the cap is named first. The
+    same queue in an open loop at that load is the neighbour's (Kingman)."""
+    book = load_playbook()
+
+    def ranked(loop):
+        busy = (Evidence("engine_busy_pct", "engine busy", 0.99, "%"),)
+        queue = (Evidence("loop", "arrivals", loop),)
+        found = [Finding("host-contention", 4, "", "warning", "", "", (), busy, (), (),
+                         0.11, 0.11),
+                 Finding("queue-dominates-ttft", 3, "", "critical", "", "", (), queue, (), (),
+                         0.7, 0.7)]  # fmt: skip
+        return {f.check: f for f in _rank(found, book)}
+
+    closed = ranked("closed loop")
+    assert closed["queue-dominates-ttft"].rank == 1
+    assert closed["queue-dominates-ttft"].consequence_of is None
+    assert closed["queue-dominates-ttft"].in_part_from is None
+    opened = ranked("open loop")
+    assert opened["queue-dominates-ttft"].consequence_of == "host-contention"
+
+
 def test_gaps_between_the_steps_of_a_sliced_prompt_are_the_slicings():
     """test_advice's sliced run: prompts cut into 14 steps of 16 tokens wait through 14
     gaps between steps instead of one (26-29 % of TTFT locally; in one CI run this was

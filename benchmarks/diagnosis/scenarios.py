@@ -315,6 +315,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         workload=dict(arrival=_closed(8), output_len=_len("uniform:16:40")),
     ),
     Scenario(
+        "seq-cap-neighbour",
+        "the seq-cap fault beside a process burning one core (issue 35: the closed loop's "
+        "queue is the cap's, not the neighbour's)",
+        "queue-dominates-ttft",
+        engine=dict(max_seqs=2),
+        workload=dict(arrival=_closed(8), output_len=_len("uniform:16:40"), seed=3),
+        neighbours=0.5,
+        variant_of="seq-cap",
+    ),
+    Scenario(
         "seq-cap-b",
         "a cap of 3 under 10 clients, longer prompts, a larger pool",
         "queue-dominates-ttft",
