@@ -202,3 +202,13 @@ def test_requests_change_nothing_else_in_a_draw():
     for i in range(50):
         a, b = generate.draw(0, i), generate.draw(0, i, requests=16)
         assert b.requests == 16 and a == dataclasses.replace(b, requests=a.requests)
+
+
+def test_every_draw_builds_an_engine_the_engine_accepts():
+    """Seed 1's dev run stopped at a draw the engine refused (no chunking with a token
+    budget below the context): every draw, base and with its faults applied, must be a
+    configuration the engine takes."""
+    cal = generate.Calibration(10.0, 0.05, 0.2, 0.01, 2e-4, 0.03, 0.01)
+    for d in DRAWS + [generate.draw(1, i) for i in range(500)]:
+        scenario, _ = generate.build(d, cal)
+        scenario.options().engine.engine_config()  # raises ConfigError when refused

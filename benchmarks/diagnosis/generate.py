@@ -285,6 +285,9 @@ def draw(seed: int, index: int, requests: int | None = None) -> Draw:
                     max_batched_tokens=max(budget, chunk or 0)),
     )  # fmt: skip
     drawn = tuple(_draw_fault(c, rng, d) for c in faults)
+    e = d["engine"]
+    if e.get("chunk_size") is None:  # without chunking a step must take a whole prompt
+        e["max_batched_tokens"] = max(e["max_batched_tokens"], CONTEXT[d["preset"]])
     # a request (prefix, prompt, output) must fit the model's context
     room = CONTEXT[d["preset"]] - 8 - (d["prefix"][1] if d.get("prefix") else 0) - d["prompt"][1]
     if d["output"][1] > room:
