@@ -188,3 +188,31 @@ def test_faults_spend_real_time_at_their_hook_and_forward_everything():
     assert FaultOptions().wrap(inner) is inner  # no fault: the observer itself
     with pytest.raises(ConfigError, match="step_gap_ms must be >= 0"):
         FaultOptions(step_gap_ms=-1)
+
+
+def test_a_closed_loops_queue_beside_a_neighbour_is_named_as_the_caps(tmp_path):
+    """Issue 35's case: a sequence cap of 2 under 8 clients beside a process burning a
+    core. The closed loop's queue is the cap's whatever the neighbour takes: it is named
+    first, as no consequence of host contention, its advice raises --max-seqs."""
+    s = sc.by_name("seq-cap-neighbour")
+    triage = s.diagnose(s.record(tmp_path / s.name))
+    top = triage.top
+    assert top.check == "queue-dominates-ttft" and top.consequence_of is None, [
+        (f.check, f.severity, f.consequence_of) for f in triage.findings
+    ]
+    assert top.in_part_from is None
+    assert top.action is not None and top.action.settings[0].option == "engine.max_seqs"
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_healthy_default_closed_loop_warns_only_where_its_advice_would_gain(tmp_path, seed):
+    """The README's default model in a closed loop of 4 (issue 35: every such run carried
+    an itl-prefill-interference warning whose advice promised ~8 %). A warning about
+    prefill interference must come with advice predicted to gain ≥ 10 % of its metric."""
+    s = sc.by_name(f"readme-closed4-s{seed}")
+    triage = s.diagnose(s.record(tmp_path / s.name, requests=32))
+    f = triage.by_check("itl-prefill-interference")
+    if f is not None and f.severity != "info":
+        gain = next(e.value for e in f.evidence if e.name == "predicted_gain")
+        assert -gain >= 0.1, f.title
+    assert not [x for x in triage.findings if x.severity == "critical"]
