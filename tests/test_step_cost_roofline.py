@@ -1,9 +1,10 @@
 """The hardware-shaped step model beside the additive one (analyzers/step_cost_roofline.py):
-chosen by held-out error, and pricing a slice of a prompt as the hardware does.
+chosen by held-out error, and pricing a slice of a prompt as the hardware does, on the
+synthetic steps of benchmarks/synthetic_steps.py (whose docstring says what "truth" is)."""
 
-"Truth" for a slice is the generator's own noise-free step cost: what cutting 1024 prompt
-tokens into two steps of 512 instead of one step of 1024 costs, beside 8 decodes,
-cost(512) × 2 − cost(1024)."""
+import importlib
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,42 +14,15 @@ from perfdiag.analyzers.step_cost import fit_step_cost
 from perfdiag.analyzers.step_cost_roofline import Hardware
 from perfdiag.analyzers.steptime import StepTimeline
 
-MS, US = 1e-3, 1e-6
-DECODES, CONTEXT = 8, 8 * 1000  # beside the slice whose price is checked
-
-
-def gpu_cost(n, b, k, chunks):
-    """H100-like: 0.3 ms launch + max(5.3 ms of weights + K/V at 38 ns a context token,
-    40 µs a token of compute)."""
-    return 0.3 * MS + np.maximum(5.3 * MS + 38e-9 * k, 40 * US * (n + b))
-
-
-def cpu_cost(n, b, k, chunks):
-    """Additive, as the reference engine on a CPU: fixed, per chunk, per token, per decode."""
-    return 0.5 * MS + 1.5 * MS * chunks + 20 * US * n + 150 * US * b + 2e-9 * k
-
-
-def timeline(cost, seed, steps=400, stalls=True) -> StepTimeline:
-    rng = np.random.default_rng(seed)
-    chunks = (rng.random(steps) < 0.5).astype(float)  # half the steps carry a prompt chunk
-    n = chunks * rng.integers(16, 2048, steps)
-    b = rng.integers(1, 33, steps).astype(float)
-    k = b * rng.integers(200, 2000, steps) + n
-    # 1 % noise, as steps under CUDA graphs jitter; at 3 % the 0.3 ms overhead sits below
-    # a 40 ms step's noise and 400 steps price the slice only within ±30 %.
-    dur = cost(n, b, k, chunks) * (1 + rng.normal(0, 0.01, steps))
-    if stalls:  # one step in twenty stalled: a GC pause, a contended CPU
-        hit = rng.random(steps) < 0.05
-        dur[hit] += rng.uniform(20, 100, hit.sum()) * MS
-    end = np.cumsum(dur + 50 * US) * 1e9
-    start = end - dur * 1e9
-    nan = np.full(steps, np.nan)
-    return StepTimeline(np.arange(steps), start, end, nan, n, b, chunks, k, nan, nan,
-                        np.concatenate(([0.0], np.cumsum(dur)[:-1] * 1e9)), None)  # fmt: skip
-
-
-def true_slice(cost):
-    return 2 * cost(512, DECODES, CONTEXT, 1) - cost(1024, DECODES, CONTEXT, 1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+_steps = importlib.import_module("benchmarks.synthetic_steps")
+MS, US, DECODES, CONTEXT = _steps.MS, _steps.US, _steps.DECODES, _steps.CONTEXT
+gpu_cost, cpu_cost, timeline, true_slice = (
+    _steps.gpu_cost,
+    _steps.cpu_cost,
+    _steps.timeline,
+    _steps.true_slice,
+)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
