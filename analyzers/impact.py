@@ -88,13 +88,15 @@ def impact_of(values: np.ndarray, part: np.ndarray, target_s: float | None = Non
     v, rest = v[ok], rest[ok]
     if not len(v) or v.mean() <= 0:
         return NO_IMPACT
-    mean_gain = 1.0 - rest.mean() / v.mean()
+    return Impact(*_gains(v, rest, target_s))
+
+
+def _gains(v: np.ndarray, rest: np.ndarray, target_s: float | None):
+    """(mean gain, p99 gain, SLO gain) of the values `v` becoming `rest`."""
     p99 = np.percentile(v, 99)
-    tail_gain = 1.0 - np.percentile(rest, 99) / p99 if p99 > 0 else 0.0
-    slo = None
-    if target_s is not None:
-        slo = float(((v > target_s) & (rest <= target_s)).sum() / len(v))
-    return Impact(float(mean_gain), float(tail_gain), slo)
+    tail = 1.0 - np.percentile(rest, 99) / p99 if p99 > 0 else 0.0
+    slo = None if target_s is None else float(((v > target_s) & (rest <= target_s)).mean())
+    return float(1.0 - rest.mean() / v.mean()), float(tail), slo
 
 
 def predicted_impact(
@@ -115,9 +117,6 @@ def predicted_impact(
     if not len(v) or not stat(v) > 0:
         return Impact(0.0, 0.0, None if target_s is None else 0.0, target, 0.0, (0.0, 0.0))
     rest = v - cut
-    p99 = np.percentile(v, 99)
-    tail = 1.0 - np.percentile(rest, 99) / p99 if p99 > 0 else 0.0
-    slo = None if target_s is None else float(((v > target_s) & (rest <= target_s)).mean())
     gain = 1.0 - stat(rest) / stat(v)
     rng = np.random.default_rng(0)  # the same run gives the same interval
     draws = []
@@ -127,8 +126,7 @@ def predicted_impact(
         if s0 > 0:
             draws.append(1.0 - stat(rest[i]) / s0)
     low, high = np.percentile(draws, [2.5, 97.5]) if draws else (gain, gain)
-    return Impact(float(1.0 - rest.mean() / v.mean()), float(tail), slo, target, float(gain),
-                  (float(low), float(high)))  # fmt: skip
+    return Impact(*_gains(v, rest, target_s), target, float(gain), (float(low), float(high)))
 
 
 def _statistic(target: str):

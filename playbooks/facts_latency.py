@@ -202,7 +202,7 @@ def _queue_saved(ctx: TriageContext, per_request, action: Action | None):
     setting = action.settings[0]
     queue = per_request["queue_s"].to_numpy("float64")
     rest = per_request["ttft_s"].to_numpy("float64") - queue
-    if setting.option == "engine.kv_blocks" or setting.option == "engine.kv_cache_mb":
+    if setting.option in ("engine.kv_blocks", "engine.kv_cache_mb"):
         return queue
     now, to = setting.now, setting.to
     if not (isinstance(now, int | float) and isinstance(to, int | float) and to > now > 0):
@@ -391,7 +391,8 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None, floa
     if cost is None or comp is None or not cost.trusted or cost.per_prefill_token_s <= 0:
         advice = (ev("chunk_advice", "chunking", generic), ev("budget_advice", "token budget", ""))
         return advice, None, None
-    decode_step = cost.predict_s(0.0, max(comp.mean_decode_seqs, 1.0))
+    decodes = max(comp.mean_decode_seqs, 1.0)
+    decode_step = cost.predict_s(0.0, decodes)
     sizes = [x for x in (chunk, budget, longest) if x]
     effective = min(sizes) if sizes else None
     # The finest chunk whose step and chunk overhead is at most OVERHEAD_TARGET of its
@@ -408,8 +409,8 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None, floa
         # No finer chunk is advised: the advice saves nothing a setting can.
         return (ev("chunk_advice", "chunking", text),
                 ev("budget_advice", "token budget", "")), None, float("inf")  # fmt: skip
-    now_ms = ms(cost.predict_s(effective, max(comp.mean_decode_seqs, 1.0), 0.0, 1.0))
-    then_ms = ms(cost.predict_s(best, max(comp.mean_decode_seqs, 1.0), 0.0, 1.0))
+    now_ms = ms(cost.predict_s(effective, decodes, 0.0, 1.0))
+    then_ms = ms(cost.predict_s(best, decodes, 0.0, 1.0))
     knob = f"now {chunk}" if chunk else "chunked prefill is off now"
     text = f"Set --chunk-size {best} ({knob}): a chunk then costs about "
     text += f"{ms(cost.token_cost_s(best, with_chunk=True)):.0f} ms "
@@ -421,7 +422,7 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None, floa
             f"; the longest prompt ({longest} tokens) then takes {extra} more steps, about "
             f"{ms(extra * cost.slice_cost_s):.0f} ms more TTFT"
         )
-    cap = best + int(np.ceil(max(comp.mean_decode_seqs, 1.0)))
+    cap = best + int(np.ceil(decodes))
     settings = [Setting("engine.chunk_size", chunk, best)]
     pf = comp.per_step[comp.per_step["num_prefill_tokens"] > 0]
     shared = float((pf["num_prefill_seqs"] > 1).mean()) if len(pf) else 0.0
@@ -436,7 +437,6 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None, floa
     expect = f"worst gap about {then_ms:.0f} ms instead of {now_ms:.0f} ms"
     action = run_action(STALL_TARGET, *settings, expect=expect)
     advice = (ev("chunk_advice", "chunking", text + "."), ev("budget_advice", "token budget", ""))
-    decodes = max(comp.mean_decode_seqs, 1.0)
     return advice, action, float(cost.token_cost_s(best, decodes, with_chunk=True))
 
 

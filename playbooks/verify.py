@@ -182,7 +182,7 @@ def verify(
     fired = [_fired(c.triage, finding.check)]
     fired += [_fired(_triage(t), finding.check) for t in side_b[1:]]
     after_finding = max((f for f in fired if f), key=SEVERITIES.index, default=None)
-    reason = _reason(target, spread) + _still(fired)
+    reason = _reason(target, spread) + _still(fired, after_finding)
     if len(variables) > 1 and verdict in ("improved", "worse"):
         verdict = "inconclusive"
         reason += (
@@ -251,11 +251,11 @@ def _reason(target: MetricDelta | None, spread: RunsDelta | None) -> str:
     )
 
 
-def _still(fired: list[str | None]) -> str:
-    n = sum(f is not None for f in fired)
-    if not n:
+def _still(fired: list[str | None], worst: str | None) -> str:
+    """Whether the finding still fired after the advice (`worst`: its worst severity)."""
+    if worst is None:
         return "; the finding is gone"
-    worst = max((f for f in fired if f), key=SEVERITIES.index)
+    n = sum(f is not None for f in fired)
     where = "" if len(fired) == 1 else f" in {n} of {len(fired)} runs with the advice"
     return f"; it still fires ({worst}){where}"
 

@@ -90,14 +90,14 @@ def _latency(repeats: list[Measured], rng) -> dict[str, float]:
         if not len(pooled):
             out[column] = out[f"{column}_lo"] = out[f"{column}_hi"] = np.nan
             continue
-        boot = _bootstrap(samples, q, rng)
+        boot = two_level_bootstrap(samples, q, rng)
         lo, hi = np.nanpercentile(boot, [50 * (1 - LEVEL), 50 * (1 + LEVEL)])
         out[column] = float(np.percentile(pooled, q)) * scale
         out[f"{column}_lo"], out[f"{column}_hi"] = float(lo) * scale, float(hi) * scale
     return out
 
 
-def _bootstrap(samples: list[tuple[np.ndarray, np.ndarray]], q: float, rng) -> np.ndarray:
+def two_level_bootstrap(samples: list[tuple[np.ndarray, np.ndarray]], q: float, rng) -> np.ndarray:
     """Percentile q of N_BOOT two-level resamples: repeats, then groups (requests)."""
     prepared = []
     for values, groups in samples:

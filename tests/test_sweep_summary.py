@@ -10,7 +10,7 @@ import pandas as pd
 from perfdiag.sweeps.knee import find_knee, knee_metric
 from perfdiag.sweeps.spec import Axis, SweepSpec
 from perfdiag.sweeps.summary import summarise
-from perfdiag.sweeps.table import _bootstrap
+from perfdiag.sweeps.table import two_level_bootstrap
 
 
 def _table(axis: str, x, **metrics) -> pd.DataFrame:
@@ -71,11 +71,13 @@ def test_the_two_level_bootstrap_counts_run_to_run_noise():
     rng = np.random.default_rng(0)
     same = [(rng.normal(100, 5, 200), np.arange(200)) for _ in range(3)]
     shifted = [(rng.normal(100 + 20 * k, 5, 200), np.arange(200)) for k in range(3)]
-    width_same = np.ptp(np.percentile(_bootstrap(same, 50, np.random.default_rng(1)), [2.5, 97.5]))
+    width_same = np.ptp(
+        np.percentile(two_level_bootstrap(same, 50, np.random.default_rng(1)), [2.5, 97.5])
+    )
     width_shift = np.ptp(
-        np.percentile(_bootstrap(shifted, 50, np.random.default_rng(1)), [2.5, 97.5])
+        np.percentile(two_level_bootstrap(shifted, 50, np.random.default_rng(1)), [2.5, 97.5])
     )
     assert width_shift > 5 * width_same  # repeats that disagree widen the interval
     pooled = np.concatenate([v for v, _ in same])
-    lo, hi = np.percentile(_bootstrap(same, 50, np.random.default_rng(2)), [2.5, 97.5])
+    lo, hi = np.percentile(two_level_bootstrap(same, 50, np.random.default_rng(2)), [2.5, 97.5])
     assert lo <= np.percentile(pooled, 50) <= hi
