@@ -5,7 +5,9 @@ recorded with a profiler window), normalised per step.
   an imported trace's `ProfilerStep#N` annotations (one window per step and rank, as in
   the timeline), else the whole trace as one "step". Counts and times are divided by the
   number of step windows (steps × ranks), so two traces of different lengths compare.
-  Only spans that start inside a window count.
+  A window is the step's CPU span on both sides (never extended to the GPU work of the
+  last step, which differs between traces): host spans count when they start inside it,
+  GPU work when its launch call does (by correlation id; unlinked GPU work by its start).
 - Per name, split CPU (ops, annotations, engine phases), runtime (launch, copy and sync
   API calls) and GPU (kernels, copies, memsets, collectives): calls and time per step in
   A and B, the deltas, and whether the name was added, removed, changed or is the same.
@@ -116,16 +118,61 @@ def step_windows(run: Run, df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return wins, str(wins["source"].iloc[0]) if len(wins) else "trace"
 
 
-def _in_windows(df: pd.DataFrame, wins: pd.DataFrame, by_rank: bool) -> np.ndarray:
-    """Spans that start inside the windows' extent (per rank for ProfilerStep windows)."""
-    start = df["start_ns"].to_numpy(np.int64)
+def cpu_windows(df: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
+    """The windows cut back to their step annotation's own CPU span: the timeline extends a
+    last ProfilerStep (or a vLLM step) to the end of the GPU work it launched, which differs
+    between two traces of one program and would let a call made after the step count."""
+    marks = df[~df["on_gpu"].to_numpy() & category_mask(df["category"], ["annotation"])]
+    marks = pd.DataFrame(
+        {
+            "rank_key": marks["rank_key"].to_numpy(),
+            "name": marks["name"].astype(str).to_numpy(dtype=object),
+            "start_ns": marks["start_ns"].to_numpy(np.int64),
+            "mark_end_ns": pd.array(marks["end_ns"].to_numpy(np.int64), dtype="Int64"),
+        }
+    ).drop_duplicates(["rank_key", "name", "start_ns"])
+    w = wins.assign(name=wins["name"].astype(str)).merge(
+        marks, on=["rank_key", "name", "start_ns"], how="left", sort=False
+    )
+    end = w["end_ns"].to_numpy(np.int64).copy()
+    found = w["mark_end_ns"].notna().to_numpy()  # engine steps, whole traces: not found
+    mark_end = w["mark_end_ns"].fillna(0).to_numpy(np.int64)  # int: 1.7e18 ns stays exact
+    cut = found & (mark_end < end)
+    end[cut] = mark_end[cut]
+    return wins.assign(end_ns=end)
+
+
+def _extent(wins: pd.DataFrame, by_rank: bool, ranks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per span's rank: the first window's start and the last one's end, in integer ns (a
+    float would round 1.7e18 ns to 256); a rank with no window gets an empty extent."""
     if not by_rank:
-        return (start >= int(wins["start_ns"].min())) & (start <= int(wins["end_ns"].max()))
+        lo, hi = int(wins["start_ns"].min()), int(wins["end_ns"].max())
+        return np.full(len(ranks), lo, np.int64), np.full(len(ranks), hi, np.int64)
     span = wins.groupby("rank_key").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    lo = span["lo"].reindex(ranks, fill_value=np.iinfo(np.int64).max).to_numpy(np.int64)
+    hi = span["hi"].reindex(ranks, fill_value=np.iinfo(np.int64).min).to_numpy(np.int64)
+    return lo, hi
+
+
+def _in_windows(df: pd.DataFrame, wins: pd.DataFrame, by_rank: bool) -> np.ndarray:
+    """Spans that belong to the steps, the same way on both sides of a diff: a host span
+    when it starts inside the steps' CPU extent (per rank for ProfilerStep windows); GPU
+    work when the call that launched it (same correlation id) does, and unlinked GPU work
+    when it starts inside the windows as the timeline draws them (with the GPU tail)."""
     ranks = df["rank_key"].to_numpy()
-    lo = span["lo"].reindex(ranks).to_numpy("float64")
-    hi = span["hi"].reindex(ranks).to_numpy("float64")
-    return (start >= lo) & (start <= hi)  # a rank with no window: NaN, never inside
+    start = df["start_ns"].to_numpy(np.int64)
+    lo, hi = _extent(cpu_windows(df, wins), by_rank, ranks)
+    inside = (start >= lo) & (start <= hi)
+    joined = gaps.launch_join(df)  # span_index: the GPU op's position in df
+    if len(joined):
+        pos = df.index.get_indexer(joined["span_index"].to_numpy())
+        linked = joined["linked"].to_numpy()
+        launch = joined["launch_start_ns"].fillna(0).to_numpy(np.int64)
+        by_launch = (launch >= lo[pos]) & (launch <= hi[pos])
+        wide_lo, wide_hi = _extent(wins, by_rank, ranks[pos])
+        by_start = (start[pos] >= wide_lo) & (start[pos] <= wide_hi)
+        inside[pos] = np.where(linked, by_launch, by_start)
+    return inside
 
 
 def _basis(wins: pd.DataFrame, source: str, df: pd.DataFrame) -> StepBasis:
@@ -275,12 +322,12 @@ class _Side:
 
 
 def _one(run: Run) -> _Side:
-    df = _spans(run)
+    df = df_all = _spans(run)
     wins, source = step_windows(run, df)
     inside = _in_windows(df, wins, by_rank=source == "ProfilerStep") if len(wins) else None
     if inside is not None:
         df = df[inside]
-    basis = _basis(wins, source, df)
+    basis = _basis(cpu_windows(df_all, wins) if len(wins) else wins, source, df)
     n = basis.windows
     on_gpu = df["on_gpu"].to_numpy() & cls_mask(df, "kernel", "memcpy", "memset", "comm")
     busy = 0.0
