@@ -229,12 +229,16 @@ def worst(
     n: int = 5,
     id_column: str = "request_id",
 ) -> IdList:
-    """The ids of the `n` rows with the largest positive `column`."""
+    """The `n` distinct ids whose largest positive `column` is largest. A frame may hold
+    several rows per id (one per ITL gap): each id is named once, by its worst row."""
     if not len(frame) or column not in frame:
         return IdList(kind, label, ())
     values = pd.to_numeric(frame[column], errors="coerce")
-    top = frame[(values > 0).fillna(False).to_numpy(bool)].nlargest(n, column)  # NA: not positive
-    return IdList(kind, label, tuple(str(v) for v in top[id_column].tolist()))
+    keep = (values > 0).fillna(False).to_numpy(bool)  # NA: not positive
+    rows = pd.DataFrame({"id": frame[id_column].to_numpy()[keep],
+                         "v": values.to_numpy("float64", na_value=np.nan)[keep]})  # fmt: skip
+    top = rows.sort_values("v", ascending=False, kind="stable").drop_duplicates("id").head(n)
+    return IdList(kind, label, tuple(str(v) for v in top["id"].tolist()))
 
 
 def finite(x) -> bool:

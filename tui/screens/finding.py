@@ -60,12 +60,14 @@ class FindingScreen(RunScreen):
     def ids_table(self) -> DataTable:
         table = DataTable(id="ids", cursor_type="row")
         table.add_columns("kind", "id", "why")
-        n = 0
+        # Rows are keyed by position, not id: an id may appear in two lists (or twice in
+        # one), and a duplicate key would end the app.
+        self.targets: list[tuple[str, str]] = []
         for ids in self.finding.ids:
             for i in ids.ids:
-                table.add_row(ids.kind, i, ids.label, key=f"{ids.kind}:{i}")
-                n += 1
-        table.styles.height = min(n, 10) + 1
+                table.add_row(ids.kind, i, ids.label, key=str(len(self.targets)))
+                self.targets.append((ids.kind, i))
+        table.styles.height = min(len(self.targets), 10) + 1
         return table
 
     def recommendations(self) -> Text:
@@ -76,7 +78,7 @@ class FindingScreen(RunScreen):
         return t
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        kind, _, ident = str(event.row_key.value).partition(":")
+        kind, ident = self.targets[int(str(event.row_key.value))]
         if kind == "request":
             from .request import RequestScreen
 
