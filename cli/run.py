@@ -14,6 +14,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
+from ..engine_ref.preset_names import preset_help
 from ..errors import ConfigError
 from .app import app, out
 from .signals import sigterm_as_interrupt
@@ -36,8 +37,7 @@ def run(
         _opt(
             "--preset",
             panel=ENGINE,
-            help="Model preset: tiny, small (random weights), smollm2-135m (a real model, "
-            "the models extra) [small].",
+            help=preset_help("small"),
         ),
     ] = None,
     model_dir: Annotated[

