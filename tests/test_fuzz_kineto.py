@@ -5,6 +5,7 @@ a one-line PerfdiagError; commands on what was imported stay clean and print str
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 from fuzz_support import assert_clean, call_cli
@@ -23,6 +24,8 @@ nasty = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**80), 2**80), st.sampled_from([INT64, -1, 0]),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
     st.sampled_from(["NaN", "1e400", "-5", "abc", "12.5e3", "0x10"]),
+    st.sampled_from([10**30, -(10**30), 2**63, -(2**63)]),  # ids beyond int64
+    st.sampled_from(["\ud800", "a\udfffb", "\udc00\ud800"]),  # unpaired surrogates
     st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(),
                                                          max_size=2),
 )  # fmt: skip
@@ -65,7 +68,9 @@ def _write(doc: dict, path: Path, deep: int = 0) -> Path:
 
 def _import_and_check(trace: Path, out: Path, expected_x: int) -> None:
     try:
-        summary = import_kineto([trace], out, command=["pytest"], jobs=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a Python warning reaches the user's terminal
+            summary = import_kineto([trace], out, command=["pytest"], jobs=1)
     except PerfdiagError as e:
         assert "\n" not in str(e)
         return
@@ -75,8 +80,11 @@ def _import_and_check(trace: Path, out: Path, expected_x: int) -> None:
     f = summary.files[0]
     skipped_x = sum(n for why, n in f.skipped.items() if why.startswith("X event"))
     skipped_x += f.skipped.get("CPU event with a pid/tid that is not an integer", 0)
+    skipped_x += f.skipped.get("CPU event with a pid/tid beyond the int64 range", 0)
     skipped_x += f.skipped.get("event nested too deeply to decode", 0)
     trace_windows = len(run.manifest.extra["kineto"]["files"][0]["profiler_windows"])
+    # What the summary counts is what the table holds: no row dropped by the writer.
+    assert sum(f.spans.values()) == len(spans)
     # Every X event is a span, a profiler window, or skipped with its reason.
     assert len(spans) + trace_windows + skipped_x == expected_x, f.skipped
     for args in (("inspect", out), ("timeline", out, "--json"), ("analyze", out, "--no-report")):

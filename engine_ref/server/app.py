@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import hmac
 import re
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -110,9 +111,13 @@ class Server:
                 req.status = req.status or 499
             raise
         except Exception as e:  # a bug or a broken engine: a 500 with a body, and go on
+            # The exception's text stays on this side (the recorded request, stderr): it
+            # can hold what a client should not see (paths, the request's own bytes).
             if req is not None:
                 req.finish, req.error, req.status = "error", f"{type(e).__name__}: {e}", 500
-            err = p.ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+            print(f"perfdiag serve: internal error on request {rid}: {type(e).__name__}: "
+                  f"{str(e)[:200]}", file=sys.stderr, flush=True)  # fmt: skip
+            err = p.ApiError(500, f"internal error (request {rid})", "server_error")
             return web.json_response(err.body(), status=500)
         finally:
             if req is not None:

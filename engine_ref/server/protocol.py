@@ -61,6 +61,8 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # deeper than the parser recurses: no request nests like that
+        raise bad("the request body nests too deeply") from None
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     return body
@@ -103,6 +105,17 @@ def _token_list(value, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _text(value: str, what: str, param: str) -> str:
+    """`value` if it is text: JSON can escape a lone surrogate ("\\ud800"), which no
+    encoding can carry to the tokenizer."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{what} holds an unpaired surrogate (\\ud800-\\udfff): not text",
+                  param) from None  # fmt: skip
+    return value
+
+
 def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
     """A completions prompt: a string, a list of token ids, or a one-element batch of
     either (the engine serves one prompt per request)."""
@@ -112,7 +125,7 @@ def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
     if isinstance(p, str):
         if not p:
             raise bad("'prompt' must not be empty", "prompt")
-        return p, None
+        return _text(p, "'prompt'", "prompt"), None
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         return None, _token_list(p, "prompt")
     if isinstance(p, list) and len(p) > 1:
@@ -139,7 +152,8 @@ def chat_prompt(messages: Any, template=None) -> str:
             content = "".join(texts)
         if not isinstance(content, str):
             raise bad(f"messages[{i}].content must be a string", "messages")
-        parts.append((m["role"], content))
+        _text(m["role"], f"messages[{i}].role", "messages")
+        parts.append((m["role"], _text(content, f"messages[{i}].content", "messages")))
     if template is not None:
         return template([{"role": role, "content": content} for role, content in parts])
     return "".join(f"<|{role}|>\n{content}\n" for role, content in parts) + "<|assistant|>\n"

@@ -29,6 +29,7 @@ from ..layout import RAW_DIR
 from ..manifest import CRASHED
 from ..writer import RunWriter
 from .chrome_stream import ChromeTraceStream, TraceFormatError
+from .kineto_duplicates import IdenticalSpans, identical_warning
 from .kineto_events import FastReadFailed, KinetoFileReader
 from .kineto_identity import assign_ranks, is_perfdiag_export, late_identity, read_identity
 from .kineto_parallel import ParallelReadFailed, is_object_document, plan_workers, read_parallel
@@ -192,8 +193,12 @@ def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, mode, warn
         spans, counters = writer.table("spans"), writer.table("counters")
         for i, path in enumerate(files):
             offset = 0 if bases[0] is None else bases[i] - bases[0]
-            fs, header, meta = _read_file(path, ids[i], offset, spans, counters, mode, tmp,
+            counted = IdenticalSpans(spans)
+            fs, header, meta = _read_file(path, ids[i], offset, counted, counters, mode, tmp,
                                           helper)  # fmt: skip
+            meta["identical_spans"] = identical = counted.finish()
+            if identical:
+                summary.warnings.append(identical_warning(path, identical))
             if (late := late_identity(ids[i], header)) is not None:
                 raise _LateIdentity(i, late)
             if bases[0] is not None and fs.base_time_ns != bases[i]:

@@ -118,6 +118,23 @@ def _number(value) -> float | None:
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
+def text_of(value: str) -> str:
+    """`value` as valid UTF-8 text: a lone surrogate (JSON's "\\ud800", which Python
+    decodes but no UTF-8 file can hold) becomes U+FFFD, so the row is kept, not dropped."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return value
+
+
+def _bad_thread(pid, tid) -> str:
+    """Why a CPU event's pid/tid is no thread id."""
+    if any(v.__class__ is int and not -MAX_NS <= v <= MAX_NS for v in (pid, tid)):
+        return "CPU event with a pid/tid beyond the int64 range"
+    return "CPU event with a pid/tid that is not an integer"
+
+
 def comm_bytes(nelems, dtype) -> int | None:
     """A collective's input message size from Kineto's record_param_comms args
     (`In msg nelems`, `dtype`)."""
@@ -295,6 +312,8 @@ class KinetoFileReader:
         name = ev.name
         if name.__class__ is not str:
             name = "" if name is None else str(name)
+        if not name.isascii():
+            name = text_of(name)
         ts = ev.ts
         dur = ev.dur
         if dur is None:  # never a zero-length span by default
@@ -336,12 +355,12 @@ class KinetoFileReader:
             if cat in SKIPPED_CATEGORIES:
                 self.profiler_windows.append((start, start + dur))
                 return None
-            category, kind = (str(cat) if cat else "other"), CPU
+            category, kind = (text_of(str(cat)) if cat else "other"), CPU
         else:
             category, kind = mapped
         corr = args.correlation
-        if corr is not None and corr.__class__ is not int:
-            corr = _int(corr)
+        if corr is not None:
+            corr = _int(corr)  # a text, or an int beyond int64: none
         nbytes = flops = None
         row_rank = rank
         if export:
@@ -355,13 +374,11 @@ class KinetoFileReader:
             device = args.device
             if device is UNSET:
                 device = ev.pid
-            if device.__class__ is not int:
-                device = _int(device)
+            device = _int(device)  # an int beyond int64 too: none
             queue = args.stream
             if queue is UNSET:
                 queue = ev.tid
-            if queue.__class__ is not int:
-                queue = _int(queue)
+            queue = _int(queue)
             if queue == NO_STREAM:  # a context-wide sync: on no stream (CUDA's -1)
                 queue = None
             if category == "kernel":
@@ -372,10 +389,14 @@ class KinetoFileReader:
                 nbytes = None if args.bytes is UNSET else _int(args.bytes)
         else:
             pid, tid = ev.pid, ev.tid
-            if pid.__class__ is not int or tid.__class__ is not int:
+            if (
+                pid.__class__ is not int
+                or tid.__class__ is not int
+                or not (-MAX_NS <= pid <= MAX_NS and -MAX_NS <= tid <= MAX_NS)
+            ):
                 pid, tid = _int(pid), _int(tid)
                 if (pid is None) != (ev.pid is None) or (tid is None) != (ev.tid is None):
-                    self._skip("CPU event with a pid/tid that is not an integer")
+                    self._skip(_bad_thread(ev.pid, ev.tid))
                     return None
             device = queue = None
             if category == "cpu_op" or category == "annotation":
@@ -427,7 +448,7 @@ class KinetoFileReader:
         if not 0 <= ts - self.offset <= MAX_NS:
             self._skip("counter with ts out of range")
             return
-        name = "counter" if ev.name is None else str(ev.name)
+        name = "counter" if ev.name is None else text_of(str(ev.name))
         for key, value in args.items():
             number = _number(value)
             if number is not None:
