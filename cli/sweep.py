@@ -142,6 +142,7 @@ def _duration(s: float) -> str:
 
 
 def print_result(spec, result) -> None:
+    from ..sweeps.causes import readable
     from ..sweeps.spec import show
 
     table = result.table
@@ -156,17 +157,15 @@ def print_result(spec, result) -> None:
              "attainment": "SLO met"}  # fmt: skip
     for m in metrics:
         t.add_column(heads[m], justify="right")
-    # a check id is one word: room for the longest, so it is neither cut nor split
-    longest = max((len(str(c)) for c in table.get("cause", [])), default=16)
-    t.add_column("limiting cause (top finding)", min_width=min(max(longest, 16), 32),
-                 overflow="fold")  # fmt: skip
-    for _, r in table.iterrows():
+    causes = [readable(r.get("cause"), r.get("cause_title")) for _, r in table.iterrows()]
+    t.add_column("limiting cause (top finding)", min_width=16, overflow="fold")
+    for (_, r), cause in zip(table.iterrows(), causes, strict=True):
         cells = [show(r[a]) for a in axes]
         for m in metrics:
             v = r.get(m)
             cells.append("–" if v is None or v != v else f"{v:.2f}" if m == "attainment"
                          else f"{v:,.1f}")  # fmt: skip
-        cells.append(str(r.get("cause", "")))
+        cells.append(cause)
         t.add_row(*cells)
     out.print(fit(t, out))
     for s in result.summaries:

@@ -46,6 +46,9 @@ table { border-collapse: collapse; margin: 6px 0; } td, th { padding: 3px 10px 3
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 details { margin: 4px 0 4px 8px; } summary { cursor: pointer; }
 .figure { margin: 8px 0 18px; } .nav a { margin-right: 12px; }
+/* a narrow screen (a phone: 390 px) squeezed the plots until titles and axes were cut:
+   each keeps a readable width and scrolls sideways in its own box */
+.figure { overflow-x: auto; } .figure .plotly-graph-div { min-width: 640px; }
 """
 
 

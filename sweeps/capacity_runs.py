@@ -26,6 +26,7 @@ from ..analyzers.lifecycle import Missing
 from ..analyzers.slo import Slo
 from ..errors import ConfigError
 from .capacity import CapacityResult, Level, Sample, SearchSettings, search
+from .causes import NOT_A_LIMIT
 from .measure import analyse, record, triage_point
 
 MIN_REQUESTS = 24
@@ -101,7 +102,11 @@ def sample_of(m) -> Sample:
     from ..analyzers.slo_misses import slo_misses
 
     g = metrics.goodput
-    causes = [f for f in (m.triage.causes if m.triage else ()) if f.check != SLO_CHECK]
+    causes = [
+        f
+        for f in (m.triage.causes if m.triage else ())
+        if f.check != SLO_CHECK and f.check not in NOT_A_LIMIT
+    ]
     cause = causes[0] if causes else None
     qualifier = next((f.check for f in m.triage.qualifiers if f.severity != "info"), "")
     host = next((f.check for f in m.triage.causes if f.check.startswith("host")), "")

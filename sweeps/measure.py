@@ -22,6 +22,7 @@ from ..analyzers.slo import Slo
 from ..playbooks.evaluate import run_triage
 from ..playbooks.facts import TriageContext
 from ..traces.reader import Run, load_run
+from .causes import limiting_cause, measurement_caveat
 
 NAN = float("nan")
 
@@ -109,11 +110,12 @@ def row(m: Measured) -> dict[str, Any]:
     out["judged"], out["good"] = (g.judged, g.good) if g is not None else (0, 0)
     out["goodput_req_s"] = g.requests_per_s if g is not None else NAN
     if m.triage is not None:
-        cause = m.triage.causes[0] if m.triage.causes else None
+        cause = limiting_cause(m.triage)
         out["cause"] = cause.check if cause else "none"
         out["cause_title"] = cause.title if cause else "no warning or critical finding"
         out["cause_severity"] = cause.severity if cause else ""
         qualifier = next((f for f in m.triage.qualifiers if f.severity != "info"), None)
+        qualifier = qualifier or measurement_caveat(m.triage)
         out["qualifier"] = qualifier.check if qualifier else ""
     return out
 

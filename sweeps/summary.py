@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .causes import readable
 from .knee import Knee, knee_metric, knee_of, label
 from .spec import SweepSpec, show
 from .table import separated
@@ -202,6 +203,7 @@ def _table_md(spec: SweepSpec, table: pd.DataFrame) -> list[str]:
             lo, hi = r.get(f"{m}_lo"), r.get(f"{m}_hi")
             ci = f" [{_fmt(lo)}, {_fmt(hi)}]" if pd.notna(lo) and pd.notna(hi) else ""
             cells.append(f"{_fmt(r.get(m, np.nan))}{ci}")
-        cells.append(f"{r.get('cause', '')} ({r.get('cause_agree', '')})")
+        cause = readable(r.get("cause"), r.get("cause_title"))
+        cells.append(f"{cause} ({r.get('cause_agree', '')})")
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -6,8 +6,12 @@
   noise and request-to-request spread both widen it; with one repeat only the second
   remains, which the table says (`repeats` = 1).
 - Per-run figures (throughput, goodput) are the mean of the repeats with a Student-t
-  interval (none with one repeat); the SLO attainment pools the repeats' judged
-  requests, with a Clopper–Pearson interval.
+  interval on their logarithms (none with one repeat): a rate is positive and spreads
+  by ratios, and an interval on the values themselves went below zero with two
+  repeats that disagree (`50.1 [-167, 267]`). A repeat at zero (no good request) has
+  no logarithm: then the interval is on the values, cut at zero (a rate cannot be
+  below it, so the cut keeps the interval's coverage). The SLO attainment pools the
+  repeats' judged requests, with a Clopper–Pearson interval.
 - The limiting cause is the triage's top cause, the most common over the repeats, with
   how many repeats agree.
 """
@@ -67,7 +71,7 @@ def points_table(
         if usable:
             measured = [row(m) for m in usable]
             out.update(_latency(usable, rng))
-            out.update(_per_run(measured))
+            out.update(per_run_intervals(measured))
             out.update(_cause(measured))
         rows.append(out)
     return pd.DataFrame(rows)
@@ -123,7 +127,8 @@ def two_level_bootstrap(samples: list[tuple[np.ndarray, np.ndarray]], q: float, 
     return out
 
 
-def _per_run(rows: list[dict[str, Any]]) -> dict[str, float]:
+def per_run_intervals(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The mean of each per-run figure over the repeats, with its 95 % interval."""
     from scipy import stats
 
     out: dict[str, float] = {}
@@ -131,10 +136,7 @@ def _per_run(rows: list[dict[str, Any]]) -> dict[str, float]:
         v = np.array([r.get(column, np.nan) for r in rows], dtype="float64")
         v = v[np.isfinite(v)]
         mean = float(v.mean()) if len(v) else np.nan
-        lo = hi = np.nan
-        if len(v) >= 2:
-            half = stats.t.ppf(0.5 + LEVEL / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
-            lo, hi = mean - half, mean + half
+        lo, hi = _positive_interval(v) if len(v) >= 2 else (np.nan, np.nan)
         out[column], out[f"{column}_lo"], out[f"{column}_hi"] = mean, lo, hi
     judged = sum(int(r.get("judged", 0) or 0) for r in rows)
     if judged:
@@ -143,6 +145,20 @@ def _per_run(rows: list[dict[str, Any]]) -> dict[str, float]:
         out["attainment"] = good / judged
         out["attainment_lo"], out["attainment_hi"] = float(ci.low), float(ci.high)
     return out
+
+
+def _positive_interval(v: np.ndarray) -> tuple[float, float]:
+    """Student-t on the logarithms (back to the values' scale), or on the values cut at
+    zero when a repeat is zero."""
+    from scipy import stats
+
+    t = stats.t.ppf(0.5 + LEVEL / 2, len(v) - 1) / np.sqrt(len(v))
+    if (v > 0).all():
+        logs = np.log(v)
+        half = t * logs.std(ddof=1)
+        return float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+    half = t * v.std(ddof=1)
+    return max(float(v.mean() - half), 0.0), float(v.mean() + half)
 
 
 def _cause(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,13 +12,20 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Static
 
+from ...sweeps.causes import readable
 from ...sweeps.spec import show
 from .. import fmt
 from ..widgets.charts import Chart, columns
 
+
+def _in_ms(value) -> str:
+    """A table value already in milliseconds (fmt.ms takes seconds)."""
+    return fmt.DASH if fmt.missing(value) else f"{fmt.num(value)} ms"
+
+
 CURVES = (
-    ("ttft_p99_ms", "TTFT p99", fmt.ms),
-    ("itl_p99_ms", "ITL p99", fmt.ms),
+    ("ttft_p99_ms", "TTFT p99", _in_ms),
+    ("itl_p99_ms", "ITL p99", _in_ms),
     ("output_tok_s", "output tokens/s", lambda v: fmt.rate(v, "tok/s")),
     ("attainment", "SLO attainment", fmt.pct),
 )
@@ -30,7 +37,7 @@ COLUMNS = (
 
 
 class SweepScreen(Screen):
-    AUTO_FOCUS = "DataTable"
+    AUTO_FOCUS = None  # focused on mount without scrolling: the summary shows first
     # the run explorer's keys wait until a point's run is open
     BINDINGS = [Binding(k, "nothing", show=False) for k in "rtycb01234567"]
 
@@ -51,6 +58,9 @@ class SweepScreen(Screen):
             yield Label("Points  [dim](enter: open the point's run)[/]", classes="section")
             yield self.table()
         yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#points", DataTable).focus(scroll_visible=False)
 
     def summary(self) -> Text:
         lines = self.sweep.summary_lines() or ["no point finished yet"]
@@ -84,7 +94,7 @@ class SweepScreen(Screen):
                 v = r[c]
                 cells.append(fmt.DASH if pd.isna(v) else fmt.pct(v) if unit == "%"
                              else fmt.num(v))  # fmt: skip
-            cells.append(str(r.get("cause", "") or ""))
+            cells.append(readable(r.get("cause"), r.get("cause_title")))
             t.add_row(*cells, key=str(i))
         return t
 
