@@ -212,7 +212,9 @@ def _activity_kinds(g: cg.Graph) -> np.ndarray:
     e = 2 * np.arange(g.n_activities) + 1
     kind = g.kinds[e, 0]
     gpu_kind = np.asarray((*CLASSES, "none"), dtype=object)[np.minimum(g.cls, len(CLASSES))]
-    return np.where(kind == cg.DUR_GPU, gpu_kind, np.asarray(cg.KIND_NAMES, dtype=object)[kind])
+    out = np.where(kind == cg.DUR_GPU, gpu_kind, np.asarray(cg.KIND_NAMES, dtype=object)[kind])
+    out[g.blocking] = "sync"  # a wait for the device: halving the call is no lever
+    return out
 
 
 def _scaled(g: cg.Graph, act_kind: np.ndarray, kind: str, name: str) -> np.ndarray | None:

@@ -11,7 +11,10 @@ not happen before p plus the edge's weight; each node has at most three predeces
 - a GPU op's previous op on its stream (kernel-to-kernel gap) and its launch call (launch
   latency), or, when it started later than both allow, the last op to end on another
   stream of its device (an event wait);
-- a synchronising call's end: the last GPU op on its device to end inside the call.
+- a blocking call's end (blocking_calls.py): the GPU op it waited for, when that op
+  ended inside the call (a copy to pageable memory: its copy; a stream synchronize: its
+  stream's last op). The call's own duration then weighs only its return latency: the
+  rest of its time is the device's.
 
 The edge a node waited on last is its *binding* edge and weighs exactly the observed
 gap; every other edge weighs at most its observed gap (a typical gap of the rank's own).
@@ -26,9 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .gaps import _SYNC_CALL, HOST_BUSY_FRACTION  # one rule for what syncs, what is busy
+from . import blocking_calls
+from .gaps import HOST_BUSY_FRACTION  # one rule for what is busy
 from .intervals import union
-from .spans import CLASS_CODE, GPU_CLASSES, category_mask, cls_mask, pattern_mask
+from .spans import CLASS_CODE, GPU_CLASSES, cls_mask
 
 # Edge kinds: what a segment of the path spent its time on.
 DUR_CPU, DUR_API, DUR_GPU, HOST_GAP, THREAD_WAIT, LAUNCH, GPU_GAP, STREAM_WAIT, SYNC, START = range(
@@ -51,6 +55,7 @@ class Graph:
     name: np.ndarray  # per activity: op or kernel name (object)
     cls: np.ndarray  # per activity: breakdown class code
     resource: np.ndarray  # per activity: "pid P tid T" or "gpu D stream S" (object)
+    blocking: np.ndarray  # per activity: a call's return that waited for the device
     n_cpu: int
     order: np.ndarray  # the nodes in a topological order
 
@@ -91,13 +96,17 @@ def build(df: pd.DataFrame) -> Graph:
 
     _thread_edges(seg, time, preds, kinds, src)
     _gpu_edges(df, seg, gpu, n_cpu, time, preds, kinds, src)
-    _sync_edges(seg, gpu, n_cpu, preds, kinds)
+    blocking = np.zeros(n_act, bool)
+    call, op, at_end = blocking_calls.waits(df, seg, gpu)
+    preds[2 * call + 1, 1] = 2 * (n_cpu + op) + at_end
+    kinds[2 * call + 1, 1] = SYNC
+    blocking[call] = True
 
     binding = _binding(time, preds, kinds)
     _settle_weights(time, preds, weights, kinds, binding)
     name = np.r_[seg["name"].to_numpy(object), gpu["name"].to_numpy(object)]
     resource = np.r_[seg["resource"].to_numpy(object), gpu["resource"].to_numpy(object)]
-    return Graph(time, preds, weights, kinds, binding, name, cls, resource, n_cpu,
+    return Graph(time, preds, weights, kinds, binding, name, cls, resource, blocking, n_cpu,
                  _topological(time, preds))  # fmt: skip
 
 
@@ -120,7 +129,7 @@ def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"thread": pd.Series(dtype="int64"), "start": pd.Series(dtype="int64"),
                              "end": pd.Series(dtype="int64"), "span": pd.Series(dtype="int64"),
                              "name": pd.Series(dtype=object), "cls": pd.Series(dtype="int8"),
-                             "resource": pd.Series(dtype=object), "sync": pd.Series(dtype=bool),
+                             "resource": pd.Series(dtype=object),
                              "pid": pd.Series(dtype="float64")})  # fmt: skip
     pos = seg["span"].to_numpy()
     seg["name"] = df["name"].to_numpy(object)[pos]
@@ -129,9 +138,6 @@ def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
     seg["pid"] = np.nan_to_num(pid, nan=-1.0)
     tid = df["tid"].astype("float64").to_numpy()[pos]
     seg["resource"] = [f"pid {_id(a)} tid {_id(b)}" for a, b in zip(pid, tid, strict=True)]
-    sync = cls_mask(df, "runtime") & pattern_mask(df["name"], _SYNC_CALL)
-    sync &= ~category_mask(df["name"], ["Stream Wait Event"])
-    seg["sync"] = sync[pos]
     return seg
 
 
@@ -297,23 +303,6 @@ def _launch_segments(df, seg, gpu) -> np.ndarray:
     ok = ~np.isnan(hit)
     out[ok] = hit[ok].astype(np.int64)
     return out
-
-
-def _sync_edges(seg, gpu, n_cpu, preds, kinds) -> None:
-    """A synchronising call ends after the last GPU op that ended inside it."""
-    if not len(seg) or not len(gpu) or not seg["sync"].any():
-        return
-    calls = np.flatnonzero(seg["sync"].to_numpy())
-    end = gpu["end"].to_numpy(np.int64)
-    by_end = np.argsort(end, kind="stable")
-    ends = end[by_end]
-    s, e = seg["start"].to_numpy(np.int64)[calls], seg["end"].to_numpy(np.int64)[calls]
-    k = np.searchsorted(ends, e, side="right") - 1
-    ok = k >= 0
-    ok[ok] &= ends[k[ok]] > s[ok]
-    node = 2 * calls[ok] + 1
-    preds[node, 1] = 2 * (n_cpu + by_end[k[ok]]) + 1
-    kinds[node, 1] = SYNC
 
 
 def _binding(time, preds, kinds) -> np.ndarray:
