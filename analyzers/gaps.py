@@ -1,15 +1,18 @@
 """The launch ↔ GPU-work correlation join, launch-delay statistics, and GPU idle gaps
-classified by cause (definitions in docs/timeline.md):
+classified by what the work after each gap waited for (definitions in docs/timeline.md).
 
+First its launch: when the launch call began after the GPU ran dry, the host was late —
 - `sync`: the host was blocked in a synchronisation (a `*Synchronize` call, a blocking
   copy, a `cuda_sync` record) when the GPU ran dry, and launched the next work after it;
-- `launch_delay`: the next work's launch call began before the GPU ran dry, so the gap
-  is launch latency / queueing, not the host's fault;
-- `host_bound`: the launch came after the GPU ran dry while the launching thread was busy
-  (recorded CPU activity covers at least half the time from the gap's start to the launch);
-- `no_work`: the launch came late and the launching thread was mostly idle in the trace
-  (waiting for input, a lock, another process): no work was offered;
-- `unlinked`: the work after the gap has no launch in the trace (no correlation).
+- `host_bound`: the launching thread was busy (recorded CPU activity covers at least half
+  the time from the gap's start to the launch);
+- `no_work`: the launching thread was mostly idle in the trace (waiting for input, a lock,
+  another process): no work was offered.
+When the work was launched before the GPU ran dry, the evidence of analyzers/gap_evidence.py
+decides: `host_wait`, `stream_wait`, `peer_wait`, `graph`, `unexplained`, else
+`launch_delay` (launch latency / queueing, not the host's fault). An op that starts before
+its launch call is `unexplained` (the clocks disagree); `unlinked`: the work after the gap
+has no launch in the trace (no correlation). `waited_on` names the evidence.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import re
 import numpy as np
 import pandas as pd
 
+from . import gap_evidence
 from .intervals import Coverage, gaps, union
-from .spans import GPU_CLASSES, category_mask, cls_mask, pattern_mask, resource_codes
+from .spans import GPU_CLASSES, category_mask, cls_mask, resource_codes
 
-GAP_CLASSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
+LATE_CAUSES = ("sync", "host_bound", "no_work")  # the work waited for its launch
+GAP_CLASSES = (*LATE_CAUSES, *gap_evidence.OFFERED_CAUSES, "unlinked")
 HOST_BUSY_FRACTION = 0.5
 _SYNC_CALL = re.compile(
     r"(?i)synchroni[sz]e|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
@@ -96,19 +101,14 @@ def linked_fraction(joined: pd.DataFrame, cls: str | None = "kernel") -> float:
 
 
 def _sync_coverage(df: pd.DataFrame, rank: int) -> Coverage:
-    mine = df["rank_key"].to_numpy() == rank
-    by_name = pattern_mask(df["name"], _SYNC_CALL)
-    waits = category_mask(df["name"], ["Stream Wait Event"])  # a GPU-side wait
-    cuda_sync = category_mask(df["category"], ["cuda_sync"])
-    sync = mine & ((cls_mask(df, "runtime") & by_name) | cuda_sync) & ~waits
-    u = union(df["start_ns"].to_numpy()[sync], df["end_ns"].to_numpy()[sync])
-    return u.coverage()
+    syncs = gap_evidence.host_syncs(df, rank, _SYNC_CALL)
+    return union(syncs["start_ns"].to_numpy(), syncs["end_ns"].to_numpy()).coverage()
 
 
 def idle_gaps(df: pd.DataFrame, joined: pd.DataFrame) -> pd.DataFrame:
     """Every gap between GPU work on each device (all streams together), classified."""
     columns = ["rank_key", "device", "start_ns", "end_ns", "dur_ns", "next_op", "launch_name",
-               "launch_start_ns", "launch_pid", "launch_tid", "cause"]  # fmt: skip
+               "launch_start_ns", "launch_pid", "launch_tid", "cause", "waited_on"]  # fmt: skip
     if not len(joined):
         return pd.DataFrame(columns=columns)
     codes = resource_codes(joined, ["rank_key", "device"])
@@ -137,26 +137,40 @@ def idle_gaps(df: pd.DataFrame, joined: pd.DataFrame) -> pd.DataFrame:
             "launch_tid": nxt_ops["launch_tid"].array,
         }
     )
-    out["cause"] = _classify(df, out)
+    evidence = {
+        "next_stream": nxt_ops["stream"].array,
+        "next_comm": cls_mask(nxt_ops, "comm"),
+    }
+    out["cause"], out["waited_on"] = _classify(df, out.assign(**evidence))
     return out
 
 
-def _classify(df: pd.DataFrame, g: pd.DataFrame) -> np.ndarray:
+def _classify(df: pd.DataFrame, g: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     cause = np.full(len(g), "unlinked", dtype=object)
+    waited = np.full(len(g), "", dtype=object)
     linked = g["launch_start_ns"].notna().to_numpy()
     launch = g["launch_start_ns"].fillna(0).astype("int64").to_numpy()
-    start = g["start_ns"].to_numpy(np.int64)
-    early = linked & (launch < start)
-    cause[early] = "launch_delay"
-    late = linked & ~early
+    start, op_start = g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)
+    names = g["launch_name"].astype(str).to_numpy(dtype=object)
+    skewed = linked & (launch > op_start)  # the op ran before its launch: clocks disagree
+    cause[skewed], waited[skewed] = "unexplained", "starts before its launch"
+    early = linked & ~skewed & (launch < start)
+    idx = np.flatnonzero(early)
+    cause[idx], waited[idx] = gap_evidence.offered(df, g.iloc[idx], _SYNC_CALL, HOST_BUSY_FRACTION)
+    late = linked & ~skewed & ~early
     if not late.any():
-        return cause
+        return cause, waited
+    waited[late] = names[late]
     cpu = df[~df["on_gpu"].to_numpy() & cls_mask(df, "runtime", "cpu", "comm")]
     for rank in np.unique(g["rank_key"].to_numpy()[late]):
         in_rank = late & (g["rank_key"].to_numpy() == rank)
         sync = _sync_coverage(df, int(rank)).contains(start[in_rank])
         idx = np.flatnonzero(in_rank)
         cause[idx[sync]] = "sync"
+        syncs = gap_evidence.host_syncs(df, int(rank), _SYNC_CALL)
+        at = start[idx[sync]]
+        found = gap_evidence.sync_name_at(syncs, at, at + 1)
+        waited[idx[sync]] = np.where(found == "", waited[idx[sync]], found)
         rest = idx[~sync]
         if not len(rest):
             continue
@@ -174,7 +188,7 @@ def _classify(df: pd.DataFrame, g: pd.DataFrame) -> np.ndarray:
             width = np.maximum(b - a, 1)
             busy[sel] = cov.between(a, np.maximum(b, a + 1)) / width
         cause[rest] = np.where(busy >= HOST_BUSY_FRACTION, "host_bound", "no_work")
-    return cause
+    return cause, waited
 
 
 def gap_summary(g: pd.DataFrame) -> pd.DataFrame:

@@ -109,6 +109,8 @@ PARAM_WORDS = {
     "host_bound": "for a busy host",
     "no_work": "with no work",
     "unlinked": "for unknown reasons",
+    "dependency": "waiting on a dependency",
+    "unexplained": "for no cause the trace shows",
     # exposed work
     "comm": "communication",
     "copy": "copies",

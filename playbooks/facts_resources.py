@@ -16,7 +16,18 @@ from .advice import NO_ADVICE, kv_advice
 from .facts import Fact, Param, TriageContext, Unavailable, ev, fact, finite, ms, share, worst
 from .facts_target import server_action, server_prefill_per_token, server_prefix_hits
 
-GAP_CAUSES = ("sync", "launch_delay", "host_bound", "no_work", "unlinked")
+# One finding per cause, but the four dependencies (analyzers/gap_evidence.py) share one.
+DEPENDENCIES = ("host_wait", "stream_wait", "peer_wait", "graph")
+GAP_CAUSES = ("sync", "launch_delay", "host_bound", "no_work", "dependency", "unexplained",
+              "unlinked")  # fmt: skip
+WAITED_FOR = {
+    "host_wait": "a synchronisation or event the host waited in",
+    "stream_wait": "another stream's work (a stream wait event)",
+    "peer_wait": "the collective's peers on other ranks",
+    "graph": "the CUDA graph's earlier nodes and dependencies",
+    "unexplained": "nothing the trace records",
+}
+_GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch")
 
 
 def _lowest_rank(steps: pd.DataFrame) -> pd.DataFrame:
@@ -228,7 +239,8 @@ def _timeline_frames(ctx: TriageContext):
 @fact(
     "gpu_idle_share",
     provides=("cause", "gaps", "idle_ms", "wall_ms", "p99_gap_ms", "of_idle", "gpu_idle",
-              "largest_ms", "largest_at_ms", "next_op", "launch_name", "queue_p50_us"),
+              "largest_ms", "largest_at_ms", "next_op", "launch_name", "queue_p50_us",
+              "waited_for", "waited_on", "graph_advice"),
     cause=Param(str, choices=GAP_CAUSES),
 )  # fmt: skip
 def gpu_idle_share(ctx: TriageContext, cause: str) -> Fact | Unavailable:
@@ -246,17 +258,23 @@ def gpu_idle_share(ctx: TriageContext, cause: str) -> Fact | Unavailable:
                            "checks, which see the requests and the engine's phases")  # fmt: skip
     wall = float(tl.breakdown["wall_ns"].sum())
     all_idle = float(tl.gaps["dur_ns"].sum()) if len(tl.gaps) else 0.0
-    g = tl.gaps[tl.gaps["cause"] == cause] if len(tl.gaps) else tl.gaps
+    causes = DEPENDENCIES if cause == "dependency" else (cause,)
+    g = tl.gaps[tl.gaps["cause"].isin(causes).to_numpy()] if len(tl.gaps) else tl.gaps
     idle = float(g["dur_ns"].sum()) if len(g) else 0.0
     p99 = float(np.percentile(g["dur_ns"], 99)) / 1e6 if len(g) else float("nan")
     largest_ms = largest_at = float("nan")
-    next_op = launch = ""
+    next_op = launch = waited_on = ""
+    waited_for = None
     if len(g):
         top = g.loc[g["dur_ns"].idxmax()]
         origin = float(tl.windows["start_ns"].min()) if len(tl.windows) else float(top.start_ns)
         largest_ms, largest_at = float(top["dur_ns"]) / 1e6, (top["start_ns"] - origin) / 1e6
         next_op = str(top["next_op"])[:80]
         launch = None if pd.isna(top["launch_name"]) else str(top["launch_name"])
+        waited_for = WAITED_FOR.get(str(top["cause"]))
+        waited_on = str(top.get("waited_on", ""))[:80]
+    # Work a CUDA graph launched is captured already: no advice to capture it.
+    graph_advice = None if launch in _GRAPH_LAUNCH else "use CUDA graphs"
     queue = float("nan")
     ls = tl.launch_stats
     if len(ls) and launch in set(ls["launch_name"].astype(str)):
@@ -274,6 +292,9 @@ def gpu_idle_share(ctx: TriageContext, cause: str) -> Fact | Unavailable:
         ev("next_op", "op after the largest gap", next_op),
         ev("launch_name", "its launch", launch),
         ev("queue_p50_us", "launch-to-start p50 of that API", queue / 1e3, "µs"),
+        ev("waited_for", "the largest gap's work waited for", waited_for),
+        ev("waited_on", "its evidence", waited_on),
+        ev("graph_advice", "graph advice", graph_advice),
     )
     value = share(idle, wall)
     return Fact(value, evidence, impact=value if finite(value) else 0.0)

@@ -19,7 +19,9 @@ from ..analyzers.spans import CLASS_CODE, GPU_CLASSES
 from .data import RunData
 
 MAX_LANES = 12
-GAP_CHAR = {"host_bound": "h", "sync": "s", "launch_delay": "l", "no_work": "n", "unlinked": "u"}
+GAP_CHAR = {"host_bound": "h", "sync": "s", "launch_delay": "l", "no_work": "n",
+            "host_wait": "w", "stream_wait": "e", "peer_wait": "p", "graph": "g",
+            "unexplained": "x", "unlinked": "u"}  # fmt: skip
 SHADES = " ░▒▓█"
 
 
