@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -42,9 +42,24 @@ class Fact:
     # impact.py); None: the check's thresholds alone decide.
     max_severity: str | None = None
     action: Action | None = None  # the advice as a concrete change (analyzers/actions.py)
+    # Evidence whose text is empty (advice the run gives no ground for): no row to read,
+    # but a playbook text still renders it as empty. Filled from `evidence` on creation.
+    blank: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self):
+        empty = [isinstance(e.value, str) and not e.value.strip() for e in self.evidence]
+        if any(empty):
+            kept = tuple(e for e, no in zip(self.evidence, empty, strict=True) if not no)
+            names = (e.name for e, no in zip(self.evidence, empty, strict=True) if no)
+            object.__setattr__(self, "evidence", kept)
+            object.__setattr__(self, "blank", (*self.blank, *names))
 
     def values(self) -> dict[str, Any]:
-        return {e.name: e.value for e in self.evidence} | {"value": self.value}
+        return (
+            dict.fromkeys(self.blank, "")
+            | {e.name: e.value for e in self.evidence}
+            | {"value": self.value}
+        )
 
 
 @dataclass(frozen=True)
@@ -211,6 +226,20 @@ def ev(name: str, label: str, value, unit: str = "") -> Evidence:
     if isinstance(value, np.generic):
         value = value.item()
     return Evidence(name, label, value, unit)
+
+
+# A price the step cost model dropped (analyzers/step_cost.py keeps only the terms its
+# steps can tell apart): it is not 0, it is unknown.
+NOT_IDENTIFIED = "not identified (the steps cannot tell it apart from the other costs)"
+
+
+def token_price(cost) -> Evidence:
+    """A prefill token's price as evidence: `per_token_us`, or when the model dropped the
+    term, a row saying so under another name (a text's `[… {per_token_us} µs]` is then
+    left out rather than read as 0 µs)."""
+    if "prefill_tokens" in cost.terms:
+        return ev("per_token_us", "per prefill token", cost.per_prefill_token_s * 1e6, "µs")
+    return ev("per_token_unidentified", "per prefill token", NOT_IDENTIFIED)
 
 
 def ms(seconds: float | None) -> float:

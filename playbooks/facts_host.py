@@ -19,6 +19,7 @@ from .facts import (
     itl_impact,
     ms,
     share,
+    token_price,
     ttft_impact,
 )
 
@@ -142,7 +143,7 @@ def step_inflation(ctx: TriageContext) -> Fact | Unavailable:
         ev("advice", "advice", _REASON_ADVICE[top]),
         ev("sigma_ms", "model noise (robust σ)", ms(cost.residual_sigma_s), "ms"),
         ev("fixed_ms", "fixed cost per step", ms(cost.fixed_s), "ms"),
-        ev("per_token_us", "per prefill token", cost.per_prefill_token_s * 1e6, "µs"),
+        token_price(cost),
         ev("per_seq_ms", "per decoding sequence", ms(cost.per_decode_seq_s), "ms"),
         *impact_evidence(impact, "latency"),
     )

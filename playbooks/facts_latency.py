@@ -308,7 +308,6 @@ def itl_spike(ctx: TriageContext, min_ratio: float, min_excess_ms: float) -> Fac
         "tail_gain",
         "slo_gain",
         "chunk_advice",
-        "budget_advice",
         "predicted_gain",
         "predicted_interval",
     ),
@@ -389,8 +388,7 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None, floa
         f"now: {_chunking(ctx)})."
     )
     if cost is None or comp is None or not cost.trusted or cost.per_prefill_token_s <= 0:
-        advice = (ev("chunk_advice", "chunking", generic), ev("budget_advice", "token budget", ""))
-        return advice, None, None
+        return (ev("chunk_advice", "chunking", generic),), None, None
     decodes = max(comp.mean_decode_seqs, 1.0)
     decode_step = cost.predict_s(0.0, decodes)
     sizes = [x for x in (chunk, budget, longest) if x]
@@ -407,8 +405,7 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None, floa
             "prompts, or send long prompts to a replica of their own."
         )
         # No finer chunk is advised: the advice saves nothing a setting can.
-        return (ev("chunk_advice", "chunking", text),
-                ev("budget_advice", "token budget", "")), None, float("inf")  # fmt: skip
+        return (ev("chunk_advice", "chunking", text),), None, float("inf")
     now_ms = ms(cost.predict_s(effective, decodes, 0.0, 1.0))
     then_ms = ms(cost.predict_s(best, decodes, 0.0, 1.0))
     knob = f"now {chunk}" if chunk else "chunked prefill is off now"
@@ -436,7 +433,7 @@ def _interference_advice(ctx: TriageContext) -> tuple[tuple, Action | None, floa
         settings.append(Setting("engine.max_batched_tokens", budget, cap))
     expect = f"worst gap about {then_ms:.0f} ms instead of {now_ms:.0f} ms"
     action = run_action(STALL_TARGET, *settings, expect=expect)
-    advice = (ev("chunk_advice", "chunking", text + "."), ev("budget_advice", "token budget", ""))
+    advice = (ev("chunk_advice", "chunking", text + "."),)
     return advice, action, float(cost.token_cost_s(best, decodes, with_chunk=True))
 
 

@@ -18,6 +18,7 @@ from .facts import (
     impact_evidence,
     ms,
     share,
+    token_price,
     ttft_impact,
 )
 
@@ -63,7 +64,7 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
         ev("ttft_ms", "mean TTFT", ms(t.mean.ttft_s), "ms"),
         ev("fixed_ms", "fixed cost per step", ms(cost.fixed_s), "ms"),
         ev("chunk_ms", "cost per chunk beyond its tokens", ms(cost.per_prefill_chunk_s), "ms"),
-        ev("per_token_us", "per prefill token", cost.per_prefill_token_s * 1e6, "µs"),
+        token_price(cost),
         ev("advice", "advice", advice),
         *impact_evidence(impact, "TTFT"),
     )  # fmt: skip
