@@ -214,6 +214,15 @@ def unexplained_latency(ctx: TriageContext) -> Fact | Unavailable:
     return Fact(value, evidence, impact=value)
 
 
+@fact("lost_rows", provides=("tables",))
+def lost_rows(ctx: TriageContext) -> Fact:
+    """Rows the manifest counted in tables whose file is gone (deleted after the run
+    closed): those tables read as empty, so every check on them would mislead."""
+    lost = dict(getattr(ctx.run, "lost_tables", {}) or {})
+    tables = ", ".join(f"{name} ({rows:,} rows)" for name, rows in sorted(lost.items()))
+    return Fact(int(sum(lost.values())), (ev("tables", "tables lost", tables or "none"),))
+
+
 @fact("missing_tables", provides=("tables", "absent"))
 def missing_tables(ctx: TriageContext) -> Fact:
     """How many of the run's tables hold no rows (absent or empty: an imported profiler

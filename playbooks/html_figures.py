@@ -264,6 +264,8 @@ def _roofline(ctx):
         frames.append(("spans (own FLOPs)", roof.spans, "name"))
     lo, hi = [], []
     for name, f, label in frames:
+        if not len(f):  # no steps (a trace without them, or a table lost): no columns
+            continue
         ok = np.isfinite(f["intensity"]) & np.isfinite(f["attained_flops_per_s"])
         ok &= (f["intensity"] > 0) & (f["attained_flops_per_s"] > 0)
         f = f[ok.to_numpy()]

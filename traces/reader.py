@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import RunFormatError
-from .layout import LOCK_FILE, parquet_path, stream_path
+from .layout import LOCK_FILE, PARQUET_SUFFIX, TABLES_DIR, parquet_path, stream_path
 from .manifest import CRASHED, FINAL_STATUSES, RUNNING, Manifest, read_manifest
 from .schema import CATEGORICAL, ROW_TYPES, SCHEMA_VERSION, SCHEMAS
 from .stream import first_line, read_stream
@@ -98,6 +98,9 @@ class Run:
     sources: dict[str, TableSource]
     missing_tables: list[str]  # tables the run has no file for (read as empty)
     warnings: list[str] = field(default_factory=list)
+    # Tables the manifest counted rows for whose file is gone (deleted after the run
+    # closed): table -> rows the manifest says it held. Read as empty, never as whole.
+    lost_tables: dict[str, int] = field(default_factory=dict)
     _frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
 
     def arrow(self, name: str, columns: list[str] | None = None) -> pa.Table:
@@ -167,26 +170,39 @@ def load_run(path: str | os.PathLike) -> Run:
     if status == RUNNING and not writer_alive(path):
         status = CRASHED
     tolerate = status not in FINAL_STATUSES
-    sources, missing, notes = {}, [], []
+    sources, missing, notes, lost = {}, [], [], {}
     for name in ROW_TYPES:
         source, note = _open_table(path, name, manifest.schema_version, tolerate)
         _check_row_count(path, name, source, manifest)
         if source is None:
             missing.append(name)
             source = TableSource(name, table=SCHEMAS[name].empty_table())
+            expected = _counted_rows(manifest, name)
+            if expected:
+                lost[name] = expected
+                note = (
+                    f"{name}: {TABLES_DIR}/{name}{PARQUET_SUFFIX} is missing: the manifest "
+                    f"counts {expected:,} rows, lost since the run closed (read as empty)"
+                )
         if note:
             notes.append(note)
         sources[name] = source
     if status == CRASHED:
         notes.insert(0, "the writer stopped without closing the run: it holds what was flushed")
-    return Run(path, manifest, status, sources, missing, notes)
+    return Run(path, manifest, status, sources, missing, notes, lost_tables=lost)
+
+
+def _counted_rows(manifest: Manifest, name: str) -> int | None:
+    """The rows the writer counted in a table when it closed the run (None if it did not)."""
+    info = manifest.tables.get(name)
+    rows = info.get("rows") if isinstance(info, dict) else None
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) else None
 
 
 def _check_row_count(run_dir: Path, name: str, source, manifest: Manifest) -> None:
     """A compacted table holds the rows the writer counted when it closed the run."""
-    info = manifest.tables.get(name)
-    expected = info.get("rows") if isinstance(info, dict) else None
-    if source is None or source.parquet is None or not isinstance(expected, int):
+    expected = _counted_rows(manifest, name)
+    if source is None or source.parquet is None or expected is None:
         return
     if source.num_rows != expected:
         raise RunFormatError(
