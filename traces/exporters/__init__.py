@@ -91,10 +91,11 @@ def _export_trace(
             summary = write_run(run, sink, with_args=with_args, annotations=annotations)
         else:
             from .chrome import ChromeSink
+            from .identity import kineto_header
 
             stream = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) if gz else raw
             text = io.TextIOWrapper(stream, encoding="utf-8", write_through=False)
-            sink = ChromeSink(text)
+            sink = ChromeSink(text, extra_header=kineto_header(run))  # the job and its GPUs
             summary = write_run(run, sink, with_args=with_args, annotations=annotations)
             text.flush()
             text.detach()

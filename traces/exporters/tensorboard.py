@@ -27,6 +27,8 @@ import pyarrow.compute as pc
 from ..layout import RAW_DIR
 from ..reader import Run
 from .chrome import ChromeSink
+from .identity import device_properties as device_properties  # re-exported
+from .identity import kineto_header
 from .output import ExportError, atomic_dir
 from .sink import FLOW_LAUNCH, TraceInfo, flow_id
 from .tracks import SLICES, TrackTree
@@ -137,42 +139,15 @@ def _write_kineto(run: Run, folder: Path) -> list[Path]:
             f"{host}_rank{rank}" if rank >= 0 else f"{host}_{run.manifest.writer.get('pid', 0)}"
         )
         path = folder / f"{re.sub(r'[^A-Za-z0-9_-]+', '_', worker)}.pt.trace.json"
-        header = {
-            "schemaVersion": 1,
-            "deviceProperties": device_properties(run.manifest.environment.get("gpus")),
-        }
-        if rank >= 0:
+        header = {"schemaVersion": 1, "deviceProperties": []}
+        header.update(kineto_header(run, rank if rank >= 0 else None))
+        if rank >= 0 and "distributedInfo" not in header:  # a recorded run: its own ranks
             world = len(np.unique(ranks[ranks >= 0]))
             header["distributedInfo"] = {"rank": rank, "world_size": world}
         with open(path, "w", encoding="utf-8") as f:
             _write_rank(rows, ChromeSink(f, extra_header=header), run)
         files.append(path)
     return files
-
-
-def device_properties(gpus) -> list[dict]:
-    """The run's GPUs in Kineto's `deviceProperties` form (what the plugin and importers
-    read): an imported trace's own entries as recorded, a recorded run's from its
-    environment (index, name, memory, SMs, compute capability)."""
-    out = []
-    for g in gpus if isinstance(gpus, list) else []:
-        if not isinstance(g, dict):
-            continue
-        props = g.get("properties")
-        if isinstance(props, dict) and props:
-            out.append(dict(props))
-            continue
-        entry = {
-            "id": g.get("index"),
-            "name": g.get("name"),
-            "totalGlobalMem": g.get("memory_bytes"),
-            "numSms": g.get("sm_count"),
-        }
-        major, _, minor = str(g.get("capability") or "").partition(".")
-        if major.isdigit() and minor.isdigit():
-            entry.update(computeMajor=int(major), computeMinor=int(minor))
-        out.append({k: v for k, v in entry.items() if v is not None})
-    return out
 
 
 def _write_rank(t: pa.Table, sink: ChromeSink, run: Run) -> None:

@@ -17,6 +17,7 @@ files are shifted onto it, and the manifest's clock maps that base to wall time.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -359,6 +360,15 @@ def _base_time(header: dict, path: Path) -> int:
     return number
 
 
+def _strict_or_empty(value: dict) -> dict:
+    """`value` when it is strict JSON (the manifest is), else nothing (NaN in a header)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return {}
+    return value
+
+
 def _file_meta(path: Path, fs: FileSummary, extra: dict, header: dict) -> dict:
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     return {
@@ -368,6 +378,7 @@ def _file_meta(path: Path, fs: FileSummary, extra: dict, header: dict) -> dict:
         "rank_source": fs.rank_source,
         "world_size": info.get("world_size"),
         "backend": info.get("backend"),
+        "distributed_info": _strict_or_empty(info),  # as the file has it: exports write it back
         "base_time_ns": fs.base_time_ns,
         "events": fs.events,
         "spans": fs.spans,
