@@ -54,7 +54,16 @@ SATURATED = 0.9  # … while the machine is at least this busy
 # cores on the 2-core machine it was set on; a 96-core node's daemons stay below 12).
 OTHERS_PRESENT_SHARE = 0.125
 MIN_REFERENCE_STEPS = 5
-REASONS = ("probe", "gc", "preemption", "host contention", "new shape", "CPU wait", "unexplained")
+REASONS = (
+    "probe",
+    "JIT compile",
+    "gc",
+    "preemption",
+    "host contention",
+    "new shape",
+    "CPU wait",
+    "unexplained",
+)
 
 
 @dataclass(frozen=True)
@@ -280,9 +289,9 @@ def explain_inflation(
     probes: ProbeStalls,
 ) -> Inflation:
     """The first matching reason for each inflated step, in REASONS order: a probe held
-    or profiled it, garbage collection took at least half its residual, it preempted or
-    swapped, the process was starved of CPU, it was the first step of its batch shape
-    (new kernels, allocations), or nothing the run recorded."""
+    or profiled it, it JIT-compiled a kernel, garbage collection took at least half its
+    residual, it preempted or swapped, the process was starved of CPU, it was the first
+    step of its batch shape (new kernels, allocations), or nothing the run recorded."""
     cost = per_step_cost.reset_index(drop=True)
     inflated = cost["inflated"].to_numpy(bool)
     pos = np.flatnonzero(inflated)
@@ -299,6 +308,8 @@ def explain_inflation(
         lo, hi = probes.window_steps
         in_window = (ids >= lo) & (ids <= hi)
     claim(in_window | (probes.stalls.between(start, end) > 0), "probe")
+    if timeline.compiled is not None:  # recorded by the Triton probe (jit_compile.py)
+        claim(timeline.compiled[pos], "JIT compile")
     gc = _gc_time(run, timeline.origin_ns, start, end)
     claim(gc >= 0.5 * resid * NS, "gc")
     preempted = run.steps.drop_duplicates("step_id").set_index("step_id")["num_preempted"]

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..traces.reader import Run
 from .ceilings import Ceilings, named, resolve
+from .jit_compile import compiled_launches
 from .model_flops import ModelShape, StepShape, for_weight_format, step_totals
 from .run_config import section
 
@@ -195,6 +196,9 @@ def roofline_report(
         steps.insert(1, "rank", s["rank"].array)
     spans = run.spans
     has = spans["flops"].notna() & spans["bytes"].notna() & (spans["dur_ns"] > 0)
+    compiled = compiled_launches(spans)  # their events enclose a compile, not the kernel
+    if compiled is not None:
+        has &= ~compiled
     per_span = pd.DataFrame()
     if has.any():
         sub = spans[has.to_numpy()]

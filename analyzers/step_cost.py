@@ -74,6 +74,7 @@ class StepCostModel:
     residual_sigma_s: float  # robust (1.4826 × MAD)
     steps_fitted: int  # steps with full weight in the final fit
     outliers: int  # inflated steps
+    jit_compile_steps: int  # steps left out of the fit: they JIT-compiled a kernel
     inflated_s: float  # Σ residual of the inflated steps
     busy_s: float  # Σ step time
     trusted: bool  # the composition explains the step times (r2 or median error)
@@ -113,7 +114,10 @@ class StepCostModel:
             self.roofline_heldout_error)  # fmt: skip
         name = f"roofline ({self.roofline_kind})" if self.chosen == "roofline" else "additive"
         text = f"the {name} step cost model (held-out error {_pct(mine)}"
-        return text + (f"; {other} {_pct(theirs)})" if np.isfinite(theirs) else ")")
+        text += f"; {other} {_pct(theirs)}" if np.isfinite(theirs) else ""
+        if self.jit_compile_steps:
+            text += f"; {self.jit_compile_steps} steps that JIT-compiled a kernel left out"
+        return text + ")"
 
     @property
     def inflated_share(self) -> float:
@@ -193,9 +197,17 @@ class StepCostModel:
 def fit_step_cost(
     timeline: StepTimeline | None, hardware: Hardware | None = None
 ) -> StepCostModel | None:
-    """The cost model of the steps, or None with fewer than MIN_STEPS steps. `hardware`
-    (step_cost_roofline.hardware_of): the roofline's terms from the model and device."""
-    if timeline is None or len(timeline) < MIN_STEPS:
+    """The cost model of the steps, or None with fewer than MIN_STEPS steps that did not
+    JIT-compile a kernel. `hardware` (step_cost_roofline.hardware_of): the roofline's
+    terms from the model and device."""
+    if timeline is None:
+        return None
+    # A step that compiled a kernel is a warm-up cost, not its batch's: fitted on, a few
+    # such steps set the price of a prefill on a GPU (jit_compile.py). They stay in the
+    # model's per-step parts, as inflated steps.
+    compiled = timeline.compiled if timeline.compiled is not None else np.zeros(len(timeline), bool)
+    fit = ~compiled
+    if fit.sum() < MIN_STEPS:
         return None
     x = np.column_stack(
         (
@@ -207,40 +219,49 @@ def fit_step_cost(
         )
     )
     y = (timeline.end - timeline.start) / NS
-    present = np.abs(x[:, 1:]).max(axis=0) > 0  # a term no step has carries no cost
+    xf, yf = x[fit], y[fit]
+    present = np.abs(xf[:, 1:]).max(axis=0) > 0  # a term no step has carries no cost
     subsets = {(True, *(a & b for a, b in zip(pick, present, strict=True)))
                for pick in itertools.product((False, True), repeat=len(present))}  # fmt: skip
     fits = {}  # kept columns → (prices, Huber weights)
     for subset in subsets:
-        coef_kept, weight = huber_fit(x[:, list(subset)], y)
+        coef_kept, weight = huber_fit(xf[:, list(subset)], yf)
         # No batch makes a step cheaper by holding more work, and no step costs less
         # than nothing: every price, the fixed one too, is >= 0.
         if not (coef_kept < 0).any():
             fits[subset] = (coef_kept, weight)
 
     def resid(subset) -> np.ndarray:
-        return y - x[:, list(subset)] @ fits[subset][0]
+        return yf - xf[:, list(subset)] @ fits[subset][0]
 
     # One robust scale for every candidate (the fullest fit's), so their losses compare.
     scale = max(_mad(resid(max(fits, key=sum))), 1e-12)
     best = min(fits, key=lambda k: (_robust_bic(resid(k), scale, sum(k)), sum(k)))
     keep = np.array(best)
-    coef_kept, weight = fits[best]
+    coef_kept, weight_fit = fits[best]
     coef = np.zeros(x.shape[1])
     coef[keep] = coef_kept
-    model = _model(timeline, x, y, coef, keep, weight)
-    return _choose(model, timeline, x, y, keep, hardware)
+    weight = np.zeros(len(y))
+    weight[fit] = weight_fit
+    model = _model(timeline, x, y, coef, keep, weight, compiled)
+    return _choose(model, timeline, x, y, keep, hardware, fit)
 
 
-def _choose(model, timeline, x, y, keep, hardware) -> StepCostModel:
+def _choose(model, timeline, x, y, keep, hardware, fit) -> StepCostModel:
     """The additive model with the roofline fitted beside it, both held-out errors, and
-    the one that predicts held-back steps better chosen (module docstring)."""
+    the one that predicts held-back steps better chosen (module docstring); on the steps
+    `fit` selects."""
     prefill = timeline.prefill_tokens > 0
-    sizes = timeline.prefill_tokens[prefill] / np.maximum(timeline.prefill_seqs[prefill], 1)
+    sizes = timeline.prefill_tokens[prefill & fit] / np.maximum(
+        timeline.prefill_seqs[prefill & fit], 1
+    )
     typical = float(np.median(sizes)) if len(sizes) else float("nan")
     # The choice and the roofline rest on at most CHOICE_STEPS steps, evenly spread (the
     # alternating fit is many least squares; a long run has more steps than it needs).
-    pick = np.unique(np.linspace(0, len(y) - 1, min(len(y), CHOICE_STEPS)).astype(np.int64))
+    rows = np.flatnonzero(fit)
+    pick = rows[
+        np.unique(np.linspace(0, len(rows) - 1, min(len(rows), CHOICE_STEPS)).astype(np.int64))
+    ]
     x, y, prefill = x[pick], y[pick], prefill[pick]
     batch = tuple(b[pick] for b in (timeline.prefill_tokens, timeline.decode_seqs,
                                     timeline.context_tokens, timeline.prefill_seqs))  # fmt: skip
@@ -327,15 +348,16 @@ def huber_fit(x: np.ndarray, y: np.ndarray, iters: int = 50) -> tuple[np.ndarray
     return coef, w
 
 
-def _model(timeline, x, y, coef, keep, weight) -> StepCostModel:
+def _model(timeline, x, y, coef, keep, weight, compiled) -> StepCostModel:
     fixed = np.full(len(y), coef[0])
     chunk = coef[1] * x[:, 1]
     prefill = chunk + coef[2] * x[:, 2]
     decode = coef[3] * x[:, 3] + coef[4] * x[:, 4]
     predicted = fixed + prefill + decode
     resid = y - predicted
-    sigma = _mad(resid)
+    sigma = _mad(resid[~compiled])
     inflated = (resid > INFLATED_SIGMAS * sigma) & (resid > INFLATED_SHARE * predicted)
+    inflated |= compiled & (resid > 0)  # a compile is its own cause, never the batch's
     # Outside inflated steps the residual is noise: scale the parts to the measured time.
     scale = np.where(inflated | (predicted <= 0), 1.0, y / np.where(predicted > 0, predicted, 1))
     no_model = predicted <= 0  # degenerate fit: the whole step is overhead
@@ -352,6 +374,7 @@ def _model(timeline, x, y, coef, keep, weight) -> StepCostModel:
     per_step = pd.DataFrame(
         {
             "step_id": timeline.step_id,
+            "jit_compile": compiled,
             "dur_s": y,
             "predicted_s": predicted,
             "fixed_s": fixed,
@@ -378,6 +401,7 @@ def _model(timeline, x, y, coef, keep, weight) -> StepCostModel:
         residual_sigma_s=float(sigma),
         steps_fitted=int((weight >= 1.0).sum()),
         outliers=int(inflated.sum()),
+        jit_compile_steps=int(compiled.sum()),
         inflated_s=float(residual.sum()),
         busy_s=float(y.sum()),
         trusted=trusted,

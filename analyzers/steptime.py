@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..traces.reader import Run
 from .intervals import union
+from .jit_compile import compiled_step_ids
 from .replicas import busiest_replica
 
 
@@ -45,6 +46,8 @@ class StepTimeline:
     rank: int | None  # the rank kept when several recorded steps
     origin_ns: int = 0  # the clock value that times here are relative to
     replica: int | None = None  # data parallelism: the replica whose steps these are
+    # Steps that JIT-compiled a kernel (jit_compile.py); None: the run cannot say.
+    compiled: np.ndarray | None = None
 
     @classmethod
     def from_run(cls, run: Run, origin_ns: int) -> StepTimeline | None:
@@ -70,6 +73,7 @@ class StepTimeline:
         ids = steps["step_id"].to_numpy(np.int64)
         host_timed = steps["gpu_time_ns"].isna().all()
         sample = _sample_starts(run, ids, origin_ns, rank) if host_timed else None
+        compiled = compiled_step_ids(run.spans)
         return cls(
             step_id=ids,
             start=start,
@@ -85,6 +89,7 @@ class StepTimeline:
             rank=rank,
             origin_ns=origin_ns,
             replica=replica,
+            compiled=None if compiled is None else np.isin(ids, compiled),
         )
 
     def __len__(self) -> int:

@@ -28,6 +28,9 @@ UNEXPLAINED_WARNING = 0.25  # share of step time beyond the model with no record
 _REASON_ADVICE = {
     "probe": "Measure latency on a run without the profiler window (keep --profile-steps "
     "for op detail).",
+    "JIT compile": "Warm the engine up over the batch shapes it will meet before measuring "
+    "(perfdiag run --warmup): each new specialisation of a Triton kernel compiles once, "
+    "while the GPU idles.",
     "gc": "Keep garbage collection out of the step loop (gc.freeze() after start-up, a "
     "larger gen-0 threshold) or allocate fewer Python objects per step.",
     "preemption": "Give the KV pool room so running requests are not evicted (see the "

@@ -8,6 +8,10 @@ probe attached a launch costs one `is None` check) and performs each launch itse
   with `timing` saying how the duration was measured;
 - `flops` and `bytes` come from the kernel's own cost model (`flops()`/`bytes_moved()`
   beside it), so the roofline analyzer places each kernel;
+- a launch that JIT-compiled its kernel (a new specialisation: shapes, dtypes, constexprs)
+  says so, `"compiled": true`: its events enclose the host's compile, during which the
+  device idled, so the span is not the kernel's cost (roofline and the step cost model
+  leave it out); detected by the JIT cache growing, where Triton exposes it;
 - on CUDA a launch is bracketed by two CUDA events (category `triton`); events are read
   when the step ends (the step has synchronised then), so timing adds no sync. The device
   clock has no fixed offset to the host's: a step's spans are placed at the host time of
@@ -52,6 +56,16 @@ def describe(kernel, grid, args, meta, timing: str) -> dict:
             scalars[name] = a
     return {"grid": [int(g) for g in grid], "meta": dict(meta), "tensors": tensors,
             "scalars": scalars, "timing": timing}  # fmt: skip
+
+
+def compiled_kernels(kernel) -> int | None:
+    """How many specialisations the kernel's JIT cache holds over all devices (None where
+    this Triton does not expose it: then no launch is marked compiled)."""
+    jit = kernel if hasattr(kernel, "device_caches") else getattr(kernel, "fn", None)
+    try:
+        return sum(len(c[0]) for c in jit.device_caches.values())
+    except (AttributeError, TypeError, IndexError, KeyError):
+        return None
 
 
 def kernel_name(kernel) -> str:
@@ -126,12 +140,15 @@ class TritonProbe:
                               None, int(flops), int(nbytes), info))  # fmt: skip
             return
         start, end = self._event(), self._event()
+        cached = compiled_kernels(kernel)
         host_ns = time.monotonic_ns()
         start.record()
         kernel[grid](*args, **meta)
         end.record()
         info = describe(kernel, grid, args, meta, "cuda_events")
         info["host_tid"] = threading.get_native_id()
+        if cached is not None and compiled_kernels(kernel) != cached:
+            info["compiled"] = True
         self._pending.append((name, host_ns, start, end, self._step, flops, nbytes, info))
         if len(self._pending) >= FLUSH_EVERY:
             self._flush()

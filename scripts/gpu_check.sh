@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh: the one prepared check for a lent GPU machine (issue 10).
 #
-#   bash scripts/gpu_check.sh            # run it (steps capped at 7 min 50 s together)
+#   bash scripts/gpu_check.sh            # run it (steps capped at 9 min together; a full pass took ~100 s on an H200)
 #   bash scripts/gpu_check.sh --dry-run  # list what it would run, run nothing
 #   bash scripts/gpu_check.sh --fetch-wheels   # HERE (a machine with pip access): fetch
 #                                              # the wheels the GPU machine lacks into .whl/
@@ -12,11 +12,14 @@
 #      bf16/fp16/fp32, the engine on CUDA against the CPU reference's greedy tokens (eager
 #      and with CUDA graphs), bf16 logits against the fp32 reference
 #   3. a short `perfdiag run` on CUDA with the Triton kernels and a profiler window, and
-#      one with CUDA graphs
+#      one with CUDA graphs,
+#      and an open-loop run of mixed prompt lengths in 256-token chunks (160 requests at
+#      40/s), whose steps price a prefill slice beside decodes (issue 35)
 #   4. `perfdiag calibrate` (measured matmul FLOP/s and copy bandwidth), then
 #      `perfdiag timeline` on the first run: every kernel on the roofline of those ceilings,
 #      and scripts/step_cost_check.py: which step cost model (additive or roofline) the
-#      run's steps choose, and what one more prompt slice costs (issue 35)
+#      runs' steps choose, what one more prompt slice costs, and how many steps were left
+#      out because a Triton kernel JIT-compiled in them (issue 35)
 #   5. kernel micro-benchmarks (triton.testing.do_bench): achieved GB/s and FLOP/s against
 #      the measured ceilings (the Q4_1/Q8_0 dequant GEMV/GEMM beside the dense one among
 #      them), and a decode step with and without CUDA graphs at batch 1
@@ -45,7 +48,7 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 LOG=${OUT:-$ROOT/gpu_check_logs}
 WHEELS=$ROOT/.whl
-WHEEL_PINS="textual==8.2.8 mdit-py-plugins==0.7.0 platformdirs==4.14.8 linkify-it-py==2.2.0 perfetto==0.59.1"
+WHEEL_PINS="textual==8.2.8 mdit-py-plugins==0.7.0 platformdirs==4.14.8 linkify-it-py==2.2.0 perfetto==0.59.1 msgspec==0.23.0 isal==1.9.1 plotly==7.1.0 kneed==0.9.0"
 MODE=${1:-run}
 
 if [[ $MODE == --fetch-wheels ]]; then
@@ -57,15 +60,17 @@ fi
 
 RUN1=/tmp/perfdiag_gpu_check/run_eager
 RUN2=/tmp/perfdiag_gpu_check/run_graphs
+RUN3=/tmp/perfdiag_gpu_check/run_mixed
 CEIL=/tmp/perfdiag_gpu_check/ceilings
 STEPS=(
     "environment|30|nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; $PY -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"
-    "gpu tests|170|$PY -m pytest -m gpu tests/ -p no:cacheprovider -q -rs --continue-on-collection-errors --junitxml=$LOG/pytest.xml \$XDIST"
+    "gpu tests|150|$PY -m pytest -m gpu tests/ -p no:cacheprovider -q -rs --continue-on-collection-errors --junitxml=$LOG/pytest.xml \$XDIST"
     "run eager|60|$PY -m perfdiag run --preset small --device cuda --kernel-backend triton -n 24 --closed -c 8 --prompt-len uniform:32:256 --output-len 32 --profile-steps 4:6 --no-device-sampling -q -o $RUN1"
     "run graphs|45|$PY -m perfdiag run --preset small --device cuda --kernel-backend triton --cuda-graphs -n 16 --closed -c 4 --prompt-len 64 --output-len 48 --no-device-sampling -q -o $RUN2"
+    "run mixed|80|$PY -m perfdiag run --preset small --device cuda --kernel-backend triton -n 160 --rate 40 --prompt-len uniform:64:1024 --output-len uniform:16:64 --chunk-size 256 --no-device-sampling -q -o $RUN3"
     "calibrate|45|$PY -m perfdiag calibrate --ceilings-dir $CEIL --seconds 0.3 --json > $LOG/calibrate.json && cat $LOG/calibrate.json"
     "roofline|30|$PY -m perfdiag timeline $RUN1 --ceilings-dir $CEIL"
-    "step cost|5|$PY scripts/step_cost_check.py $RUN1 --ceilings-dir $CEIL"
+    "step cost|15|$PY scripts/step_cost_check.py $RUN1 --ceilings-dir $CEIL; $PY scripts/step_cost_check.py $RUN3 --ceilings-dir $CEIL"
     "benchmarks|85|$PY -m perfdiag.engine_ref.kernels.bench --json $LOG/bench.json --ceilings-dir $CEIL"
 )
 
@@ -82,7 +87,7 @@ fi
 [[ $MODE == run ]] || { echo "usage: $0 [--dry-run | --fetch-wheels]" >&2; exit 2; }
 
 mkdir -p "$LOG" /tmp/perfdiag_gpu_check
-rm -rf "$RUN1" "$RUN2" "$CEIL"
+rm -rf "$RUN1" "$RUN2" "$RUN3" "$CEIL"
 exec > >(tee -a "$LOG/checks.log") 2>&1
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 SITE=/tmp/perfdiag_site
@@ -115,14 +120,14 @@ for s in "${STEPS[@]}"; do
     STATUS[$name]=$rc
     SECONDS_TAKEN[$name]=$(( $(date +%s) - t0 ))
 done
-tar czf "$LOG/runs.tar.gz" -C /tmp/perfdiag_gpu_check run_eager run_graphs 2>/dev/null
+tar czf "$LOG/runs.tar.gz" -C /tmp/perfdiag_gpu_check run_eager run_graphs run_mixed 2>/dev/null
 
 STEP_RESULTS=""
 for s in "${STEPS[@]}"; do
     IFS='|' read -r name _ _ <<< "$s"
     STEP_RESULTS+="$name|${STATUS[$name]}|${SECONDS_TAKEN[$name]};"
 done
-export STEP_RESULTS LOG RUN1 RUN2
+export STEP_RESULTS LOG RUN1 RUN2 RUN3
 $PY - <<'PYEOF' | tee "$LOG/summary.txt"
 import json, os, xml.etree.ElementTree as ET
 from pathlib import Path
@@ -141,7 +146,7 @@ try:
                  f"{passed} passed, {a['failures']} failed, {a['errors']} errors, {a['skipped']} skipped"))
 except Exception as e:
     rows.append(("gpu tests", "no report", str(e)[:60]))
-for key in ("RUN1", "RUN2"):
+for key in ("RUN1", "RUN2", "RUN3"):
     try:
         from perfdiag import load_run
         r = load_run(os.environ[key])
@@ -149,9 +154,10 @@ for key in ("RUN1", "RUN2"):
         tri = spans[spans["category"].astype(str) == "triton"]
         replays = int((spans["name"].astype(str) == "cuda_graph_replay").sum())
         kin = int((spans["category"].astype(str) == "kernel").sum())
+        compiled = int(tri["args"].astype(str).str.contains('"compiled": true').sum())
         rows.append((f"perfdiag run ({Path(os.environ[key]).name})", r.status,
-                     f"{len(r.steps)} steps, {len(tri)} triton launches, {kin} profiler kernels, "
-                     f"{replays} graph replays"))
+                     f"{len(r.steps)} steps, {len(tri)} triton launches ({compiled} compiled), "
+                     f"{kin} profiler kernels, {replays} graph replays"))
     except Exception as e:
         rows.append((f"perfdiag run ({key})", "FAILED", str(e)[:60]))
 ceil = None

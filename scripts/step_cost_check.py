@@ -30,8 +30,20 @@ def main() -> int:
         print("step_cost_check: fewer than 8 steps", file=sys.stderr)
         return 1
     where = f"{hw.device} ({hw.ceilings_kind})" if hw else "no model/device recorded: hinge"
-    print(f"steps {len(model.per_step)}, hardware {where}")
+    print(f"{a.run}: steps {len(model.per_step)}, hardware {where}")
     print(f"priced by {model.priced_by}")
+    steady = model.per_step[~model.per_step["inflated"].to_numpy(bool)]
+    with_prefill = steady["num_prefill_tokens"] > 0
+    for label, rows in (
+        ("with prefill", steady[with_prefill]),
+        ("decode only", steady[~with_prefill]),
+    ):
+        if len(rows):
+            err = (rows["dur_s"] - rows["predicted_s"]).abs() / rows["predicted_s"]
+            print(
+                f"steps {label}: {len(rows)}, median {rows['dur_s'].median() * 1e3:.2f} ms, "
+                f"median |error| {100 * err.median():.0f} %"
+            )
     for n in (128, 256, 512):
         print(
             f"one more {n}-token slice: {model.slice_price_s(n) * 1e3:.3f} ms "

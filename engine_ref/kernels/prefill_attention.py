@@ -32,8 +32,8 @@ def ref_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, conte
         k = k_cache[blocks].flatten(0, 1)[:ctx].float().repeat_interleave(h // hkv, dim=1)
         v = v_cache[blocks].flatten(0, 1)[:ctx].float().repeat_interleave(h // hkv, dim=1)
         s = torch.einsum("qhd,khd->hqk", q[a:b].float(), k) * scale
-        qpos = torch.arange(ctx - (b - a), ctx)[:, None]
-        s = s.masked_fill(torch.arange(ctx)[None, :] > qpos, float("-inf"))
+        qpos = torch.arange(ctx - (b - a), ctx, device=q.device)[:, None]
+        s = s.masked_fill(torch.arange(ctx, device=q.device)[None, :] > qpos, float("-inf"))
         out[a:b] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).to(q.dtype)
     return out
 
