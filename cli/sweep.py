@@ -116,8 +116,10 @@ def _run(spec, out_dir: Path, quiet: bool, knee_metric: str | None):
     )
     task = bar.add_task("", total=n * spec.repeats, eta="")
     started = time.monotonic()
+    seen = []  # the sweep's progress: how many runs were recorded now, how many reused
 
     def show(p) -> None:
+        seen[:] = [p]
         eta = p.eta_s
         left = f"~{_duration(eta)} left" if eta is not None else "estimating…"
         desc = f"{p.point} r{p.repeat} ({p.requests_done}/{p.requests_total} requests)"
@@ -132,9 +134,21 @@ def _run(spec, out_dir: Path, quiet: bool, knee_metric: str | None):
             out.print(f"[yellow]{how}[/]: {e.done} of {e.total} runs finished and kept in "
                       f"{out_dir}; the same command continues the sweep")  # fmt: skip
             raise typer.Exit(143 if term.received else 130) from None
-    out.print(f"{n * spec.repeats} runs in {_duration(time.monotonic() - started)}",
-              highlight=False)  # fmt: skip
+    out.print(_runs_done(seen[0] if seen else None, time.monotonic() - started), highlight=False)
     return result
+
+
+def _runs_done(progress, seconds: float) -> str:
+    """'4 runs recorded in 12 s; 2 complete runs reused': a resume that records
+    nothing says so rather than counting reused runs as run."""
+    recorded = len(progress.recorded_s) if progress is not None else 0
+    reused = progress.done_runs - recorded if progress is not None else 0
+    took = _duration(seconds)
+    runs = f"{reused} complete run{'s' * (reused != 1)} reused"
+    if not recorded:
+        return f"no run recorded: {runs} (read and analysed again in {took})"
+    text = f"{recorded} run{'s' * (recorded != 1)} recorded in {took}"
+    return text + (f"; {runs}" if reused else "")
 
 
 def _duration(s: float) -> str:

@@ -53,3 +53,18 @@ def test_a_cause_reads_as_words():
     assert readable("none", "no warning or critical finding") == "none (no warning)"
     assert readable("", "") == "none (no warning)"
     assert readable("chunk-too-small", "") == "chunk-too-small"  # no title recorded: the id
+
+
+def test_a_resume_says_how_many_runs_it_recorded_and_how_many_it_reused(cli, tmp_path):
+    out = tmp_path / "sweep"
+    args = ["sweep", "--set", "preset=tiny", "--set", "requests=6", "--set", "warmup=0",
+            "--set", "prompt-len=16", "--set", "output-len=4", "--set",
+            "no-device-sampling=on", "--vary", "rate=40,80", "-q", "-o", out]  # fmt: skip
+    first = cli(*args, timeout=300)
+    assert first.returncode == 0, first.stderr
+    said = " ".join(first.stdout.split())
+    assert "2 runs recorded in" in said and "reused" not in said, said
+    again = cli(*args, timeout=300)
+    assert again.returncode == 0, again.stderr
+    said = " ".join(again.stdout.split())
+    assert "no run recorded: 2 complete runs reused" in said, said
