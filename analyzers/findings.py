@@ -168,6 +168,9 @@ class Triage:
     steps: tuple[StepResult, ...]
     scenarios: tuple[ScenarioResult, ...]
     baseline: str | None = None  # run id of the baseline (steps 6 and 7), if any
+    # a bare trace: the serving-only checks taken out of the steps, and why (said once)
+    not_applicable: tuple[str, ...] = ()
+    applicability: str = ""  # "not applicable to a training trace", or "" (serving run)
 
     @property
     def qualifiers(self) -> tuple[Finding, ...]:

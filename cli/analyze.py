@@ -106,7 +106,8 @@ def analyze(
         return
     print_header(result)
     print_triage(triage, scenario, checks=details)
-    print_missing(result)
+    if not triage.applicability:  # a bare trace was told once what does not apply to it
+        print_missing(result)
     if details:
         print_tables(result)
         print_server_record(ctx)

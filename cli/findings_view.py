@@ -94,7 +94,23 @@ def _steps(view, checks: bool = False) -> None:
             )
 
 
+def _not_applicable(triage) -> None:
+    """A bare trace: the serving-only steps, checks and symptoms, said once."""
+    if not triage.applicability:
+        return
+    n = len(triage.not_applicable)
+    symptoms = [s.title for s in triage.scenarios if s.symptom == "not-applicable"]
+    text = f"{n} serving check{'s' * (n != 1)}"
+    if symptoms:
+        text += f" and the symptoms {', '.join(symptoms)}"
+    gone = [str(k) for k in range(8) if k not in {s.step for s in triage.steps}]
+    if gone:
+        text += f" (all of step{'s' * (len(gone) > 1)} {', '.join(gone)})"
+    out.print(f"[dim]{escape(triage.applicability)}: {escape(text)}[/]", highlight=False)
+
+
 def _symptoms(triage) -> None:
+    _not_applicable(triage)
     present = [s for s in triage.scenarios if s.symptom == "present"]
     if not present:
         absent = [s.title for s in triage.scenarios if s.symptom == "absent"]

@@ -23,7 +23,7 @@ from ..analyzers.findings import (
     Triage,
     severity_rank,
 )
-from . import template
+from . import applicability, template
 from .check_values import measure
 from .facts import Fact, TriageContext, Unavailable, evaluate_fact
 from .schema import Check, Playbook, Scenario, load_playbook, load_scenarios
@@ -63,7 +63,7 @@ def run_triage(
                 findings.append(_finding(check, step.step, step.title, severity, result))
         steps.append(_step_result(step.step, step.title, outcomes))
     ranked = _rank(findings, playbook)
-    return Triage(
+    triage = Triage(
         run_id=ctx.run.manifest.run_id,
         run_path=str(ctx.run.path),
         playbook=playbook.name,
@@ -72,6 +72,9 @@ def run_triage(
         scenarios=tuple(_scenario(s, ctx, ranked) for s in scenarios),
         baseline=ctx.baseline.run.manifest.run_id if ctx.baseline is not None else None,
     )
+    check_facts = {c.id: c.fact for step in playbook.steps for c in step.checks}
+    symptom_facts = {s.id: s.symptom_fact for s in scenarios}
+    return applicability.apply(triage, ctx.run, check_facts, symptom_facts)
 
 
 def _plain(value):

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from ..analyzers.findings import IdList
 from ..analyzers.replicas import step_lanes
 from ..analyzers.server_settings import driven_server
+from . import applicability
 from .facts import Fact, TriageContext, Unavailable, ev, fact, finite
 
 # Client and engine milestones that must come in this order for one request.
@@ -229,6 +230,9 @@ def missing_tables(ctx: TriageContext) -> Fact:
     trace has no requests or steps); the checks that need them are not evaluated."""
     absent = list(ctx.run.missing_tables)
     empty = [n for n, rows in ctx.run.row_counts().items() if rows == 0]
+    if applicability.trace_kind(ctx.run) is not None:  # a bare trace serves no requests
+        empty = [n for n in empty if n not in applicability.SERVING_TABLES]
+        absent = [n for n in absent if n not in applicability.SERVING_TABLES]
     evidence = (
         ev("tables", "tables without rows", ", ".join(empty) or "none"),
         ev("absent", "tables with no file", ", ".join(absent) or "none"),
@@ -301,6 +305,9 @@ def unpinned(ctx: TriageContext) -> Fact:
     m = ctx.run.manifest
     server = _against_server(m)
     pins = _SERVER_PINS if server else _PINS
+    kind = None if server else applicability.trace_kind(ctx.run)
+    if kind is not None:  # a bare trace holds no engine or workload: none to record
+        pins = {k: v for k, v in pins.items() if k not in applicability.SERVING_PINS}
     missing = [name for name, get in pins.items() if get(m) in (None, "", {}, [])]
     pinned = [name for name in pins if name not in missing]
     evidence = (

@@ -292,10 +292,14 @@ def gpu_idle_share(ctx: TriageContext, cause: str) -> Fact | Unavailable:
         ev("next_op", "op after the largest gap", next_op),
         ev("launch_name", "its launch", launch),
         ev("queue_p50_us", "launch-to-start p50 of that API", queue / 1e3, "µs"),
-        ev("waited_for", "the largest gap's work waited for", waited_for),
-        ev("waited_on", "its evidence", waited_on),
-        ev("graph_advice", "graph advice", graph_advice),
     )
+    if cause in ("dependency", "unexplained"):
+        evidence += (
+            ev("waited_for", "the largest gap's work waited for", waited_for),
+            ev("waited_on", "its evidence", waited_on),
+        )
+    if cause == "host_bound":  # a field of the advice, not shown as evidence (triage.yaml)
+        evidence += (ev("graph_advice", "graph advice", graph_advice),)
     value = share(idle, wall)
     return Fact(value, evidence, impact=value if finite(value) else 0.0)
 

@@ -91,6 +91,9 @@ def render(triage: Triage, ctx, figures: dict[str, str]) -> str:
             f"| {st.step} | {_cell(st.title)} | {st.status_text} | {st.counts.text()} "
             f"| {_cell(why or '')} |"
         )
+    if triage.applicability:  # a bare trace: the serving-only checks, said once
+        lines += ["", f"{triage.applicability.capitalize()}: "
+                  + ", ".join(f"`{c}`" for c in triage.not_applicable) + "."]  # fmt: skip
     lines += ["", "## Checks", ""]
     for st in view.steps:
         lines += ["", f"Step {st.step} ({st.status_text}):", ""]
