@@ -4,6 +4,7 @@ runs meet the SLO at the given attainment, with the limiting cause at that load.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -75,6 +76,7 @@ def capacity(
     from ..sweeps.capacity_runs import CapacityPlan
     from ..sweeps.spec import parse_assignment, show, with_flag
 
+    check_levels(start, floor, by)
     base = dict(parse_assignment(s, many=False) for s in set_ or [])
     configs: list[tuple[str, dict]] = [("", base)]
     if vary is not None:
@@ -105,6 +107,22 @@ def capacity(
         found.append((name, result))
     if len(found) > 1:
         print_configs(found, by, unit, out_dir)
+
+
+def check_levels(start: float | None, floor: float | None, by: str) -> None:
+    """--start and --floor are loads the search can begin from: finite, positive (whole
+    clients by concurrency), the floor below the start."""
+    least = 1 if by == "concurrency" else 0
+    for flag, value in (("--start", start), ("--floor", floor)):
+        if value is None:
+            continue
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{flag} must be a load > 0, got {value:g}")
+        if value < least:
+            raise ConfigError(f"{flag} must be at least 1 client by concurrency, got {value:g}")
+    if start is not None and floor is not None and not floor < start:
+        raise ConfigError(f"--floor ({floor:g}) must be below --start ({start:g}): the search "
+                          "starts at --start and looks down to --floor")  # fmt: skip
 
 
 def _search(plan, settings, out_dir: Path, start, floor, quiet: bool, by: str, unit: str):

@@ -17,6 +17,7 @@ from rich.table import Table
 from ..engine_ref.preset_names import preset_help
 from ..errors import ConfigError
 from .app import app, out
+from .run_checks import check_before_engine
 from .signals import sigterm_as_interrupt
 
 ENGINE = "Engine"
@@ -363,6 +364,8 @@ def run(
     """Run the reference engine under a workload with probes attached, into a new run."""
     flags = dict(locals())
     options, http = build_options(flags)
+    if http is None:  # a target or a launched server: no engine here
+        check_before_engine(options)
     _record(options, out_dir or _default_out_dir(options.workload.name), quiet, http)
 
 
@@ -483,7 +486,7 @@ REAL_MODEL_WORKLOAD = "chat-real"
 
 
 def _real_model(engine) -> bool:
-    from ..engine_ref.gguf_loader import FILE_PRESETS
+    from ..engine_ref.preset_names import FILE_PRESETS  # not gguf_loader: that loads torch
 
     return bool(engine.model_file) or (not engine.model_dir and engine.preset in FILE_PRESETS)
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from .app import app, out
 from .fit import fit
 from .json_output import json_text, print_json
+from .option_checks import check_ceilings_dir, check_top
 
 
 def _ms(ns) -> str:
@@ -63,6 +64,8 @@ def timeline(
     from ..analyzers.spans import CLASSES
     from ..traces.reader import load_run
 
+    check_top(top)
+    check_ceilings_dir(ceilings_dir)
     if hardware is not None:
         from ..analyzers.ceilings import named
 

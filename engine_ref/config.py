@@ -179,7 +179,7 @@ class ModelConfig:
     @classmethod
     def preset(cls, name: str, **overrides) -> ModelConfig:
         if name not in PRESETS:
-            from .gguf_loader import FILE_PRESETS
+            from .preset_names import FILE_PRESETS  # not gguf_loader: no torch for an error
 
             raise ConfigError(
                 f"unknown model preset {name!r}; choose one of {sorted([*PRESETS, *FILE_PRESETS])}"

@@ -81,10 +81,12 @@ class EngineOptions:
     def engine_config(self):
         """The engine's own (validated) configuration."""
         from ..engine_ref.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-        from ..engine_ref.gguf_loader import FILE_PRESETS, preset_file, read_gguf_config
+        from ..engine_ref.preset_names import FILE_PRESETS  # no torch for built-in presets
 
         model_path = self.model_dir
         if self.model_file or (not self.model_dir and self.preset in FILE_PRESETS):
+            from ..engine_ref.gguf_loader import preset_file, read_gguf_config
+
             model_path = self.model_file or str(preset_file(self.preset))
             model = read_gguf_config(model_path)
         elif self.model_dir:

@@ -81,6 +81,7 @@ def test_calibrated_ceilings_drive_the_roofline(tmp_path, cli):
     saved = json.loads((tmp_path / "run" / "results" / "roofline.json").read_text())
     assert saved["ceilings"]["source"] == measured.source  # the run records what it used
     # without measured figures the datasheet (generic CPU) is used, and says so
+    (tmp_path / "empty").mkdir()  # a directory that is not there is an error
     t = cli("timeline", tmp_path / "run", "--ceilings-dir", tmp_path / "empty", "--json")
     assert json.loads(t.stdout)["roofline"]["ceilings"]["kind"] == "datasheet"
 
