@@ -115,7 +115,7 @@ def _metrics(m) -> None:
     t = Table("throughput", "value", title=f"over {tp.window_s:.3f} s")
     t.add_row("output tokens/s", _num(tp.output_tokens_per_s, 1))
     t.add_row("total tokens/s (input + output)", _num(tp.total_tokens_per_s, 1))
-    t.add_row("requests/s (completed)", _num(tp.requests_per_s))
+    t.add_row("requests/s (completed ok, warm-up excluded)", _num(tp.requests_per_s))
     g = m.goodput
     if g is not None:
         targets = ", ".join(
@@ -258,7 +258,8 @@ def _load(load) -> None:
         f" (λ·W off by {_pct(ll.lambda_w_vs_client)}, engine {_pct(ll.engine_vs_client)})",
     )
     t.add_row(
-        "arrivals / completions",
+        # every request sent or finished in the window: not the throughput table's rate
+        "arrivals / completions (warm-up included)",
         f"{_num(s.arrival_rate_rps)} / {_num(s.completion_rate_rps)} req/s",
     )
     t.add_row(
@@ -266,6 +267,12 @@ def _load(load) -> None:
     )
     t.add_row("saturated", _yes(s.saturated))
     out.print(fit(t, out))
+
+
+def _price(cost, term: str, seconds: float, digits: int) -> str:
+    """A step cost model's price in µs, or "not identified" where the model dropped the
+    term (its steps could not tell it apart from the others): unknown, not 0."""
+    return _num(seconds * 1e6, digits) if term in cost.terms else "not identified"
 
 
 def _scheduler(c, cost, pre) -> None:
@@ -283,8 +290,9 @@ def _scheduler(c, cost, pre) -> None:
                   f"{_ms(cost.fixed_s)} / {_ms(cost.per_prefill_chunk_s)}")  # fmt: skip
         t.add_row(
             "  per prefill token / decode seq / context token (µs)",
-            f"{_num(cost.per_prefill_token_s * 1e6, 3)} / {_num(cost.per_decode_seq_s * 1e6, 3)}"
-            f" / {_num(cost.per_context_token_s * 1e6, 4)}",
+            f"{_price(cost, 'prefill_tokens', cost.per_prefill_token_s, 3)} / "
+            f"{_price(cost, 'decode_seqs', cost.per_decode_seq_s, 3)} / "
+            f"{_price(cost, 'context_tokens', cost.per_context_token_s, 4)}",
         )
         t.add_row(
             "  R² / median error / noise σ (ms) / trusted",
