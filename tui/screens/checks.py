@@ -46,7 +46,9 @@ class TriageStepScreen(RunScreen):
         s = self.result
         t = Text()
         if s is None:
-            return Text(f"step {self.step}: not in this playbook", style="dim")
+            triage = self.data.triage
+            why = triage.applicability if triage is not None and triage.applicability else ""
+            return Text(f"step {self.step}: {why or 'not in this playbook'}", style="dim")
         t.append(f"Step {s.step}: {s.title}  ", style="bold")
         t.append_text(step_status_text(s))
         t.append(f"\n{s.counts.text()}", style="dim")
