@@ -45,7 +45,7 @@ _ENV_KEYS = (
     "hip_runtime",
     "gpus",
 )
-_WORKLOAD_SKIP = ("name", "description")
+_WORKLOAD_SKIP = ("name", "description", "fit_to_context")  # fit_to_context: may, not did
 PERTURBING_PROBES = ("profile_steps",)  # probe settings that change what the engine does
 HOST_CHANGE = 0.1  # step time lost to other processes, as a share: a change this large counts
 

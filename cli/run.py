@@ -579,6 +579,7 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
         finally:
             if live is not None:
                 live.stop()
+    _print_fitted(result.path)
     _print_summary(result.path)
     if http is not None:  # a client-bound run measures the client: say so
         from ..traces.manifest import read_manifest
@@ -598,6 +599,16 @@ def _record(options, out_dir: Path, quiet: bool, http=None) -> None:
                 else "the load client's event loop was delayed: its timings include the delay"
             )
             out.print(f"[yellow]warning[/]: {what} ({reasons})")
+
+
+def _print_fitted(path: Path) -> None:
+    """A built-in workload's requests shortened to the model's context (the manifest keeps
+    the caps even when no request reached one: probes/workload_fit.py)."""
+    from ..traces.manifest import read_manifest
+
+    fit = read_manifest(path).config.get("workload_fit")
+    if isinstance(fit, dict) and fit.get("at_cap"):
+        out.print(f"[yellow]warning[/]: {fit.get('note')}", highlight=False)
 
 
 def _print_server_profile(path: Path, profile) -> None:

@@ -33,6 +33,7 @@ from .replicas import attach, check_supported, torch_threads
 from .run_options import RunOptions
 from .targets import EngineTarget
 from .workload import Plan, plan
+from .workload_fit import fit_to_context
 
 ProgressCallback = Callable[[Progress], None]
 
@@ -64,8 +65,12 @@ def record_run(
         while len(replicas) < dp:
             replicas.append(_build_engine(options))
         engine = replicas[0]
+        # A built-in workload's lengths are capped to the model's context (workload_fit.py).
+        workload, fit = fit_to_context(options.workload, engine.config.max_model_len)
+        options = dataclasses.replace(options, workload=workload)
         planned = plan(options.workload, engine.config.model.vocab_size)
         check_workload_fits(planned, engine)
+        fitted = fit.record(planned) if fit.changed else None
         rank_pids = [os.getpid(), *(engine.tp.pids if engine.tp is not None else ())]
         if faults is not None:
             faults.check_ranks(len(rank_pids))
@@ -81,6 +86,7 @@ def record_run(
         command=list(sys.argv if command is None else command),
         config={
             "run_options": options.to_dict(),
+            **({"workload_fit": fitted} if fitted else {}),
             "engine_config": dataclasses.asdict(engine.config),
             "num_kv_blocks": engine.block_manager.num_blocks,
             **({"faults": faults.to_dict()} if faults is not None and faults.active else {}),

@@ -29,6 +29,7 @@ MAX_REQUESTS = 10**9
 MAX_RATE = 1e6  # requests/s
 MAX_CONCURRENCY = 10**6
 LENGTH_KINDS = ("fixed", "uniform", "lognormal")
+FITTABLE = ("prompt_len", "output_len")  # the lengths a workload may let perfdiag shorten
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -169,8 +170,16 @@ class WorkloadSpec:
     # Requests end on the model's EOS, output_len only capping them (a real model's
     # natural lengths); off, output_len is forced (EOS ignored). --output-len turns it off.
     stop_at_eos: bool = False
+    # The lengths that may be shortened to fit the model's context (prompt_len, output_len;
+    # workload_fit.py): every built-in's, none of a user's unless the file says so.
+    fit_to_context: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        fit = self.fit_to_context
+        fit = (fit,) if isinstance(fit, str) else tuple(fit)  # a list from YAML/JSON
+        object.__setattr__(self, "fit_to_context", fit)
+        bad = set(self.fit_to_context) - set(FITTABLE)
+        _require(not bad, f"fit_to_context names {sorted(bad)}: only {', '.join(FITTABLE)}")
         _require(1 <= self.requests <= MAX_REQUESTS,
                  f"a workload has 1 to {MAX_REQUESTS:,} requests, "
                  f"not {self.requests:,}")  # fmt: skip

@@ -52,6 +52,8 @@ def override(spec: WorkloadSpec, **changes: Any) -> WorkloadSpec:
     """Apply flags given on the command line; None means "not given". Keys are the spec's
     fields plus the arrival's (`rate`, `concurrency`, `process`, `burstiness`, `mode`)."""
     changes = {k: v for k, v in changes.items() if v is not None}
+    if "fit_to_context" not in changes:  # a length given by flag is the user's: never shortened
+        changes["fit_to_context"] = tuple(k for k in spec.fit_to_context if k not in changes)
     if "output_len" in changes and "stop_at_eos" not in changes:
         changes["stop_at_eos"] = False  # a given output length is forced, EOS or not
     if "requests" in changes and "warmup" not in changes:
