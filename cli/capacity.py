@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from ..errors import ConfigError
@@ -126,27 +128,53 @@ def check_levels(start: float | None, floor: float | None, by: str) -> None:
 
 
 def _search(plan, settings, out_dir: Path, start, floor, quiet: bool, by: str, unit: str):
-    from ..sweeps.capacity_runs import run_capacity
+    from ..sweeps.capacity_progress import CapacityProgress
+    from ..sweeps.capacity_runs import CapacityInterrupted, run_capacity
 
     confidence = settings.confidence
+    progress = CapacityProgress(settings)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                   TextColumn("{task.completed}/{task.total} requests"),
+                   TextColumn("{task.fields[status]}"), console=out, transient=True,
+                   disable=quiet)  # fmt: skip
+    task = bar.add_task("", total=None, status=progress.line())
+    last_end, ended = [time.monotonic()], set()  # a run's time: since the one before ended
 
     def on_level(level) -> None:
+        progress.level_done(level)
         lo, hi = level.bounds(confidence)
         note = " (still unsure: counted as missing)" if level.forced else ""
+        if plan.few_requests(level.x):
+            n = plan.flags(level.x, 0)["requests"]
+            note += (f" ({n} requests a run at --duration {plan.duration_s:g} s: few, so "
+                     "the bounds are wide; a longer --duration decides sooner)")  # fmt: skip
         out.print(f"  {by} {level.x:g} {unit}: {level.decision}{note}, attainment "
                   f"{level.attainment:.1%} [{lo:.1%}, {hi:.1%}] over {len(level.samples)} "
                   "repeats", highlight=False)  # fmt: skip
 
     def on_run(label: str, p) -> None:
-        if not quiet and p.done == p.total:
-            out.print(f"    run {label}: {p.done} requests", style="dim", highlight=False)
+        if p.done == p.total and label not in ended:
+            ended.add(label)
+            progress.run_done(time.monotonic() - last_end[0])
+            last_end[0] = time.monotonic()
+            if not quiet:
+                out.print(f"    run {label}: {p.done} requests", style="dim", highlight=False)
+        bar.update(task, description=f"run {label}", completed=p.done, total=p.total,
+                   status=progress.line())  # fmt: skip
 
-    with sigterm_as_interrupt() as term:
+    with sigterm_as_interrupt() as term, bar:
         try:
             return run_capacity(plan, settings, out_dir, start, floor, on_run, on_level)
-        except KeyboardInterrupt:
+        except (CapacityInterrupted, KeyboardInterrupt) as e:
+            bar.stop()
             how = "terminated" if term.received else "interrupted"
-            out.print(f"[yellow]{how}[/]: the runs so far are kept in {out_dir}/runs")
+            if isinstance(e, CapacityInterrupted):
+                n = e.levels
+                out.print(f"[yellow]{how}[/]: {n} level{'s' * (n != 1)} finished, kept in "
+                          f"{e.path} (verdict interrupted); every run so far in "
+                          f"{out_dir}/runs", highlight=False)  # fmt: skip
+            else:
+                out.print(f"[yellow]{how}[/]: the runs so far are kept in {out_dir}/runs")
             raise typer.Exit(143 if term.received else 130) from None
 
 

@@ -3,9 +3,11 @@ or an HTTP target) in CAPACITY/runs/, analysed with the SLO and triaged, so the 
 either side of the capacity can be opened, compared and explained like any run.
 
 Choices that make levels comparable:
-- a rate level sends `rate × duration` requests (at least `min_requests`), so every level
-  lasts about as long: an overloaded queue grows with time, and a fixed request count
-  would hide overload at high rates;
+- a rate level sends `rate × duration` requests (at least 2: one warm-up, one measured),
+  so every level lasts about as long: an overloaded queue grows with time, and a fixed
+  request count would hide overload at high rates. At low rates that can be fewer than
+  `min_requests`: the duration asked is kept (it was not: 24 requests at 0.5 req/s took
+  48 s of a 20 s --duration) and the caller says the attainment bounds will be wide;
 - a concurrency level sends `concurrency × 8` requests (at least `min_requests`);
 - repeat k uses the workload seed + k: capacity should not hang on one draw of prompts;
 - without `--start`, the first upper level comes from the system's saturation: a closed
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,11 +28,12 @@ from typing import Any
 from ..analyzers.lifecycle import Missing
 from ..analyzers.slo import Slo
 from ..errors import ConfigError
-from .capacity import CapacityResult, Level, Sample, SearchSettings, search
+from .capacity import MEETS, MISSES, CapacityResult, Level, Sample, SearchSettings, search
 from .causes import NOT_A_LIMIT
 from .measure import analyse, record, triage_point
 
 MIN_REQUESTS = 24
+MIN_RATE_REQUESTS = 2  # a rate level's floor: one warm-up request, one measured
 REQUESTS_PER_CLIENT = 8
 TARGET_PROBE_CONCURRENCY = 16
 # The playbook's check that the SLO was met restates what the search measures (the
@@ -63,12 +67,16 @@ class CapacityPlan:
         flags = dict(self.base)
         if self.by == "rate":
             flags["rate"] = x
-            flags["requests"] = max(self.min_requests, math.ceil(x * self.duration_s))
+            flags["requests"] = max(MIN_RATE_REQUESTS, math.ceil(x * self.duration_s))
         else:
             flags["concurrency"], flags["closed"] = int(x), True
             flags["requests"] = max(self.min_requests, int(x) * REQUESTS_PER_CLIENT)
         flags["seed"] = int(self.base.get("seed") or 0) + repeat
         return self.aimed(flags)
+
+    def few_requests(self, x: float) -> bool:
+        """A rate level whose --duration sends fewer than `min_requests` requests."""
+        return self.by == "rate" and self.flags(x, 0)["requests"] < self.min_requests
 
     def check(self) -> None:
         """Build a level's run options now, so a bad flag fails before any run."""
@@ -169,9 +177,38 @@ def run_capacity(
         m = measure_run(plan, plan.flags(x, repeat), out_dir / "runs" / name, progress(name))
         return sample_of(m)
 
-    result = search(measure, start, settings, floor, on_level)
+    finished: list[Level] = []
+
+    def level_done(level: Level) -> None:
+        finished.append(level)
+        if on_level is not None:
+            on_level(level)
+
+    try:
+        result = search(measure, start, settings, floor, level_done)
+    except KeyboardInterrupt:
+        kept = write_result(out_dir, plan, interrupted(finished, settings), sat)
+        raise CapacityInterrupted(kept, len(finished)) from None
     write_result(out_dir, plan, result, sat)
     return result, sat
+
+
+class CapacityInterrupted(Exception):
+    """Ctrl-C or SIGTERM: the levels decided so far are in capacity.json."""
+
+    def __init__(self, path: Path, levels: int):
+        super().__init__(f"{levels} level(s) finished, kept in {path}")
+        self.path, self.levels = path, levels
+
+
+def interrupted(levels: list[Level], settings: SearchSettings) -> CapacityResult:
+    """The levels decided before an interruption: the highest that met, the lowest that
+    missed above it (either may be None), verdict `interrupted`."""
+    meets = [v for v in levels if v.decision == MEETS]
+    low = max(meets, key=lambda v: v.x, default=None)
+    above = [v for v in levels if v.decision == MISSES and (low is None or v.x > low.x)]
+    high = min(above, key=lambda v: v.x, default=None)
+    return CapacityResult(low, high, list(levels), settings, "interrupted")
 
 
 def write_result(out_dir: Path, plan: CapacityPlan, result: CapacityResult, sat) -> Path:
@@ -199,7 +236,9 @@ def write_result(out_dir: Path, plan: CapacityPlan, result: CapacityResult, sat)
         "levels": [level(v) for v in result.levels],
     }
     path = out_dir / "capacity.json"
-    path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    tmp = path.with_name(path.name + ".tmp")  # a reader never sees half a file
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
     return path
 
 
