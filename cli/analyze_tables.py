@@ -113,7 +113,7 @@ def _metrics(m) -> None:
     out.print(fit(t, out))
     tp = m.throughput
     t = Table("throughput", "value", title=f"over {tp.window_s:.3f} s")
-    t.add_row("output tokens/s", _num(tp.output_tokens_per_s, 1))
+    t.add_row("output tokens/s (delivered)", _num(tp.output_tokens_per_s, 1))
     t.add_row("total tokens/s (input + output)", _num(tp.total_tokens_per_s, 1))
     t.add_row("requests/s (completed ok, warm-up excluded)", _num(tp.requests_per_s))
     g = m.goodput

@@ -663,7 +663,7 @@ def _print_summary(path: Path) -> None:
               f"{o.ok} / {o.error + o.rejected} / {o.cancelled + o.timeout}")  # fmt: skip
     t.add_row("warm-up excluded", str(o.warmup_excluded))
     t.add_row(f"window ({span})", f"{w.duration_s:.2f} s")
-    t.add_row("output tokens/s", f"{tp.output_tokens_per_s:.1f}")
+    t.add_row("output tokens/s (delivered)", f"{tp.output_tokens_per_s:.1f}")
     t.add_row("requests/s", f"{tp.requests_per_s:.2f}")
     ttft, itl, e2e = m.ttft_s, m.itl_per_chunk_s, m.e2e_s
     t.add_row("TTFT p50 / p99", f"{ttft.p50 * 1e3:.1f} / {ttft.p99 * 1e3:.1f} ms")

@@ -28,6 +28,10 @@ class Request(NamedTuple):
 
     request_id: str
     prompt_tokens: int | None = None
+    # Tokens delivered to the client (perfdiag's client received them; `perfdiag serve`'s
+    # own record: written to the connection). A stream dropped early (cancelled, timed
+    # out, failed) may have had more sampled: the engine's first_token/token events in
+    # request_events count those.
     output_tokens: int | None = None
     cached_tokens: int | None = None  # prompt tokens served from a prefix cache
     finish_reason: str | None = (
