@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .app import app, out
@@ -31,7 +32,7 @@ def calibrate(
     """Measure matmul FLOP/s (per dtype) and copy bandwidth on the CPU and each GPU."""
     from ..analyzers.ceilings import datasheet_for, save_measured
     from ..errors import ConfigError
-    from ..probes.calibrate import CalibrationPlan, calibrate
+    from ..probes.calibrate import CalibrationPlan, calibrate, others_load
 
     try:
         plan = CalibrationPlan(seconds_per_figure=seconds)
@@ -42,8 +43,12 @@ def calibrate(
         path = save_measured(measured, ceilings_dir)
     except OSError as e:
         raise ConfigError(f"cannot write the ceilings ({e})") from None
+    warnings = [f"{m.device}: {w}" for m in measured
+                if (load := others_load(m)) is not None and (w := load.warning())]  # fmt: skip
     if as_json:
-        print_json({"path": str(path), "devices": [m.to_dict() for m in measured]})
+        print_json(
+            {"path": str(path), "devices": [m.to_dict() for m in measured], "warnings": warnings}
+        )
         return
     table = Table("device", "figure", "measured", "datasheet", "% of datasheet", title="ceilings")
     for m in measured:
@@ -56,4 +61,6 @@ def calibrate(
             ref_text = f"{ref / scale:,.2f} {unit}" if ref else ""
             table.add_row(m.device, label, f"{value / scale:,.3f} {unit}", ref_text, pct)
     out.print(table)
+    for w in warnings:
+        out.print(f"[yellow]warning[/]: {escape(w)}", highlight=False)
     out.print(f"stored in {path}", highlight=False)

@@ -332,6 +332,10 @@ def _roofline(run, ceilings_dir, hardware=None):
 
 
 def _print_roofline(roof) -> None:
+    from rich.markup import escape
+
+    from ..analyzers.roof_check import over_roof_note
+
     c = roof.ceilings
     used = c.flops_dtype(roof.dtype)
     dtype = roof.dtype if used == roof.dtype else f"{roof.dtype}: none, {used}'s"
@@ -368,6 +372,9 @@ def _print_roofline(roof) -> None:
         out.print(fit(t, out))
         counts = frame["bound"].value_counts().to_dict()
         out.print("bound classes: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        note = over_roof_note(frame, c, "steps" if key == "step_id" else "spans")
+        if note:
+            out.print(f"[yellow]warning[/]: {escape(note)}", highlight=False)
 
 
 def _between_steps(rep) -> None:

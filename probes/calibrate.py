@@ -4,15 +4,17 @@ the CPU and on each CUDA device, so rooflines use attained figures, not datashee
 Each figure is the best of repeated timings within a time budget (the best run is the
 one least disturbed by other work on the machine). GPU work is timed with CUDA events
 after a warm-up; CPU work with the monotonic clock. A copy moves 2 bytes per byte
-copied (read + write), as a roofline counts traffic.
+copied (read + write), as a roofline counts traffic. Each device's figures record
+how much CPU other processes used meanwhile (probes/cpu_load.py).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..analyzers.ceilings import MEASURED, Ceilings
+from .cpu_load import LoadMeter, OthersLoad
 
 CPU_DTYPES = ("float32", "bfloat16")
 GPU_DTYPES = ("float32", "tfloat32", "bfloat16", "float16")
@@ -139,7 +141,21 @@ def calibrate(plan: CalibrationPlan | None = None, *, gpus: bool = True) -> list
     import torch
 
     plan = plan or CalibrationPlan()
-    out = [_cpu(plan, torch)]
+    out = [_metered(_cpu, plan, torch)]
     if gpus and torch.cuda.is_available():
-        out += [_gpu(plan, torch, i) for i in range(torch.cuda.device_count())]
+        out += [_metered(_gpu, plan, torch, i) for i in range(torch.cuda.device_count())]
     return out
+
+
+def _metered(measure, *args) -> Ceilings:
+    """The figures with what other processes took of the CPU meanwhile
+    (details["others_load"], probes/cpu_load.py): a busy machine makes them low."""
+    with LoadMeter() as meter:
+        got = measure(*args)
+    return replace(got, details={**got.details, "others_load": meter.result.to_dict()})
+
+
+def others_load(ceilings: Ceilings) -> OthersLoad | None:
+    """What other processes used while `ceilings` were measured (None: not recorded)."""
+    d = ceilings.details.get("others_load")
+    return OthersLoad.from_dict(d) if isinstance(d, dict) else None
