@@ -123,6 +123,8 @@ def decompose_ttft(
         frame[k] = parts[k] / NS
     # Of step_overhead_s, the chunks beyond each prompt's first (chunk-too-small reads it).
     frame["extra_chunks_s"] = parts.get("extra_chunks_s", np.zeros(n)) / NS
+    frame["prefill_steps"] = parts.get("prefill_steps", np.zeros(n))
+    frame["prefill_tokens"] = parts.get("prefill_tokens", np.zeros(n))
     total = frame[list(PARTS)].sum(axis=1).to_numpy()
     ttft = frame["ttft_s"].to_numpy()
     err = np.abs(total - ttft) / np.where(ttft > 0, ttft, 1.0)
@@ -219,6 +221,12 @@ def _split_prefill(parts, lc: Lifecycle, steps: StepTimeline, sp: StepParts, idx
     parts["prefill_own_s"] = own
     parts["step_overhead_s"] = overhead
     parts["extra_chunks_s"] = extra_chunks  # of step_overhead_s: chunks beyond the first
+    # Counts, not times: the steps the prompt's chunks ran in and the tokens they computed
+    # (what a different chunk size would change; ttft-prefill-interference prices it).
+    parts["prefill_steps"] = np.bincount(c_li, minlength=n).astype(np.float64)
+    parts["prefill_tokens"] = np.bincount(
+        c_li, np.nan_to_num(tokens.astype(np.float64)), minlength=n
+    )
     parts["prefill_others_s"] = others * keep
     parts["inflation_s"] = inflation * keep
     parts["probe_s"] = held

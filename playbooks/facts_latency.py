@@ -37,6 +37,7 @@ from .facts import (
 # gap), at the 90th percentile over requests — spikes rarer than 1 % of gaps reach most
 # streams yet leave ITL p99 unmoved. The playbook's `verify:` names the same metric.
 STALL_TARGET = "stall.p90"
+TTFT_TARGET = "ttft.p50"  # ttft-prefill-interference's advice is judged on the median
 _PART_LABEL = {
     "input_s": "input processing",
     "queue_s": "engine queue",
@@ -136,12 +137,47 @@ def ttft_part_share(ctx: TriageContext, part: str, inherent_steps: float) -> Fac
         if saved is not None:
             frame = per_request.assign(saved_s=saved)
             impact = ttft_predicted(ctx, frame, "saved_s", action.target)
+    elif part == "prefill_others_s":
+        advice, chunk_action, slice_s = _interference_advice(ctx)
+        evidence += advice
+        saved, action = _others_saved(ctx, per_request, chunk_action, slice_s)
+        if saved is not None:
+            frame = per_request.assign(saved_s=saved)
+            impact = ttft_predicted(ctx, frame, "saved_s", TTFT_TARGET)
     evidence += impact_evidence(impact, "TTFT")
     ids = (worst(t.per_request, part, f"most {_PART_LABEL[part]}"),)
     impact_share = value if np.isfinite(value) else 0.0
     return Fact(
         value, evidence, ids, impact=impact_share, max_severity=impact.max_severity, action=action
     )
+
+
+def _others_saved(ctx: TriageContext, per_request, chunk_action: Action | None, slice_s):
+    """Per request, the TTFT the advised chunk (_interference_advice) is predicted to save
+    of others' work in its prefill steps, and the action (judged on TTFT_TARGET); (None,
+    None) when the step cost model cannot price it (the removal bound stands).
+
+    After the advice a request's prompt takes ceil(tokens / chunk) steps, each still
+    carrying the others' decodes and at most one advised slice of their prefill; the
+    steps it adds cost the request a step and chunk each (the price of slicing), so
+    the prediction is negative when slicing costs more than the interference it cuts."""
+    if slice_s is None:
+        return None, None
+    others = per_request["prefill_others_s"].to_numpy("float64")
+    if not np.isfinite(slice_s) or chunk_action is None:
+        return np.zeros(len(others)), None  # no finer chunk helps: nothing a setting saves
+    cost, comp = ctx.get("step_cost"), ctx.get("composition")
+    chunk = float(chunk_action.settings[0].to)
+    decodes = max(comp.mean_decode_seqs, 1.0)
+    decode_s = float(cost.predict_s(0.0, decodes) - cost.predict_s(0.0, 0.0))
+    steps_now = per_request["prefill_steps"].to_numpy("float64")
+    steps_then = np.maximum(np.ceil(per_request["prefill_tokens"].to_numpy("float64") / chunk),
+                            steps_now)  # fmt: skip
+    left = steps_then * (slice_s + decode_s)
+    added = (steps_then - steps_now) * cost.slice_cost_s
+    saved = np.maximum(others - left, 0.0) - added
+    action = run_action(TTFT_TARGET, *chunk_action.settings, expect=chunk_action.expect)
+    return saved, action
 
 
 def _limits_evidence(ctx: TriageContext) -> tuple[tuple, tuple[str, Action | None]]:

@@ -84,9 +84,9 @@ def _acting_functions() -> set[str]:
         acting |= more
 
 
-# Checks whose fact acts only for other parameters (ttft_part_share: input and queue;
-# itl_tail_share: interference).
-NEVER_ACT = {"ttft-prefill-interference", "ttft-host-gaps", "ttft-return", "itl-preemption",
+# Checks whose fact acts only for other parameters (ttft_part_share: input, queue and
+# others' prefill; itl_tail_share: interference).
+NEVER_ACT = {"ttft-host-gaps", "ttft-return", "itl-preemption",
              "itl-host-gaps", "itl-delivery-stalls"}  # fmt: skip
 
 
