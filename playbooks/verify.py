@@ -235,18 +235,17 @@ def _fired(triage: Triage, check: str) -> str | None:
 def _reason(target: MetricDelta | None, spread: RunsDelta | None) -> str:
     if target is None:
         return "the target metric could not be measured in both runs"
-    moved = (
-        f"{target.label} {target.a:.1f} → {target.b:.1f} {target.unit} ({target.relative:+.0%}; "
-    )
+    u = target.unit
+    moved = f"{target.label} {target.a:.1f} → {target.b:.1f} {u} ({target.relative:+.0%}; "
     if spread is None:
         return moved + (
-            f"95 % interval of the change {target.ci_low:+.1f} to {target.ci_high:+.1f})"
+            f"95 % interval of the change {target.ci_low:+.1f} to {target.ci_high:+.1f} {u})"
         )
     (alo, ahi), (blo, bhi) = spread.a_interval, spread.b_interval
     na, nb = spread.runs
     return moved + (
         f"{na} runs against {nb}, 95 % interval of the change over runs {target.ci_low:+.1f} "
-        f"to {target.ci_high:+.1f}; A {alo:.1f}–{ahi:.1f}, B {blo:.1f}–{bhi:.1f}"
+        f"to {target.ci_high:+.1f} {u}; A {alo:.1f}–{ahi:.1f} {u}, B {blo:.1f}–{bhi:.1f} {u}"
         f"{', which overlap' if spread.overlap else ''})"
     )
 
