@@ -133,11 +133,10 @@ def _search(plan, settings, out_dir: Path, start, floor, quiet: bool, by: str, u
 
     confidence = settings.confidence
     progress = CapacityProgress(settings)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                   TextColumn("{task.completed}/{task.total} requests"),
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[n]}"),
                    TextColumn("{task.fields[status]}"), console=out, transient=True,
                    disable=quiet)  # fmt: skip
-    task = bar.add_task("", total=None, status=progress.line())
+    task = bar.add_task("starting", total=None, status=progress.line(), n="")
     last_end, ended = [time.monotonic()], set()  # a run's time: since the one before ended
 
     def on_level(level) -> None:
@@ -160,7 +159,7 @@ def _search(plan, settings, out_dir: Path, start, floor, quiet: bool, by: str, u
             if not quiet:
                 out.print(f"    run {label}: {p.done} requests", style="dim", highlight=False)
         bar.update(task, description=f"run {label}", completed=p.done, total=p.total,
-                   status=progress.line())  # fmt: skip
+                   status=progress.line(), n=f"{p.done}/{p.total} requests")  # fmt: skip
 
     with sigterm_as_interrupt() as term, bar:
         try:
@@ -243,12 +242,19 @@ def print_capacity(result, sat, by: str, unit: str, out_dir: Path) -> None:
         for sample in above.samples:
             if sample.misses and sample.attainment < result.settings.attainment:
                 out.print(f"  {Path(sample.run).name}: {sample.misses}", highlight=False)
-    qualified = [v for v in result.levels if any(x.qualifier for x in v.samples)]
-    if qualified:
-        names = sorted({x.qualifier for v in qualified for x in v.samples if x.qualifier})
-        out.print(f"[yellow]note[/]: {', '.join(names)} at {len(qualified)} level(s): other "
-                  "load on this machine slowed those runs; the capacity found is that of a "
-                  "shared machine", highlight=False)  # fmt: skip
+    for host in (True, False):  # other load on the machine, or another caveat on the data
+        qualified = [v for v in result.levels
+                     if any(x.qualifier and x.qualifier.startswith("host") == host
+                            for x in v.samples)]  # fmt: skip
+        if not qualified:
+            continue
+        names = sorted({x.qualifier for v in qualified for x in v.samples
+                        if x.qualifier and x.qualifier.startswith("host") == host})  # fmt: skip
+        why = ("other load on this machine slowed those runs; the capacity found is that "
+               "of a shared machine" if host else "a caveat on those runs' data (each run's "
+               "triage says why)")  # fmt: skip
+        out.print(f"[yellow]note[/]: {', '.join(names)} at {len(qualified)} level(s): {why}",
+                  highlight=False)  # fmt: skip
     if result.non_monotone:
         out.print("[yellow]warning[/]: a level met the SLO above one that missed: noise or "
                   "a non-monotone system; raise --min-repeats or --duration")  # fmt: skip

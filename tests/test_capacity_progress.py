@@ -87,3 +87,19 @@ def test_ctrl_c_keeps_the_finished_levels_and_says_where(tmp_path):
     assert data["verdict"] == "interrupted"
     [level] = data["levels"]
     assert level["x"] == 40 and len(level["repeats"]) == 2 and level["decision"] != "unsure"
+
+
+def test_a_qualifier_other_than_host_load_is_not_called_other_load(capsys):
+    from pathlib import Path
+
+    from perfdiag.cli.app import out
+    from perfdiag.cli.capacity import print_capacity
+    from perfdiag.sweeps.capacity import Sample, search
+
+    def measure(x, repeat):  # short runs at every level: few requests, no host load
+        return Sample(20, 20 if x < 7 else 10, "runs/r", "none", "", "", "few-requests")
+
+    with out.capture() as captured:
+        print_capacity(search(measure, 10.0), None, "rate", "req/s", Path("cap"))
+    said = " ".join(captured.get().split())
+    assert "few-requests" in said and "other load on this machine" not in said, said
