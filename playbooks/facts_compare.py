@@ -41,7 +41,7 @@ def _deltas(ctx: TriageContext):
 
 @fact(
     "latency_regression",
-    provides=("metric", "a", "b", "relative", "ci_low", "ci_high", "worse"),
+    provides=("metric", "unit", "a", "b", "relative", "ci_low", "ci_high", "worse"),
     min_relative=Param(float, 0.05),
 )
 def latency_regression(ctx: TriageContext, min_relative: float) -> Fact | Unavailable:
@@ -56,6 +56,7 @@ def latency_regression(ctx: TriageContext, min_relative: float) -> Fact | Unavai
     top = max(worse, key=lambda d: d.relative, default=None)
     evidence = (
         ev("metric", "worst metric", top.label if top else "none"),
+        ev("unit", "its unit", top.unit if top else ""),  # the texts' numbers read in it
         ev("a", "baseline", top.a if top else None, top.unit if top else ""),
         ev("b", "this run", top.b if top else None, top.unit if top else ""),
         ev("relative", "change", top.relative if top else 0.0, "%"),

@@ -250,9 +250,9 @@ def littles_law_gap(ctx: TriageContext) -> Fact | Unavailable:
     if not finite(ll.lambda_w_vs_client):
         return Unavailable("no requests in flight in the window")
     evidence = (
-        ev("client_l", "L (client, time-weighted)", ll.client_in_flight),
-        ev("lambda_w", "λ·W", ll.lambda_w),
-        ev("engine_l", "L (engine)", ll.engine_in_system),
+        ev("client_l", "L (client, time-weighted)", ll.client_in_flight, "requests"),
+        ev("lambda_w", "λ·W", ll.lambda_w, "requests"),
+        ev("engine_l", "L (engine)", ll.engine_in_system, "requests"),
     )
     return Fact(ll.lambda_w_vs_client, evidence, impact=min(1.0, ll.lambda_w_vs_client))
 

@@ -60,8 +60,31 @@ def test_an_unidentified_token_cost_reads_not_identified(tmp_path, fact_name):
     assert rows["per prefill token"].startswith("not identified"), rows
     from perfdiag.playbooks import template
 
-    check = next(
-        c for s in load_playbook().steps for c in s.checks if c.fact == fact_name
-    )
+    check = next(c for s in load_playbook().steps for c in s.checks if c.fact == fact_name)
     text = template.render(check.explanation, f.values())
     assert "0 µs" not in text and "not measured" not in text, text
+
+
+def _render(check_id: str, part: str, **values) -> str:
+    from perfdiag.playbooks import template
+
+    return template.render(getattr(load_playbook().check(check_id), part), values)
+
+
+def test_verdict_lines_give_their_numbers_units():
+    regressed = _render("latency-regressed", "title", metric="TTFT p50", relative=0.12,
+                        a=100.0, b=112.0, unit="ms")  # fmt: skip
+    assert "(100.00 → 112.00 ms)" in regressed, regressed
+    why = _render("latency-regressed", "explanation", ci_low=4.0, ci_high=20.0, worse="x",
+                  unit="ms")  # fmt: skip
+    assert "4.00 to 20.00 ms" in why, why
+    little = _render("littles-law", "title", value=0.2, lambda_w=1.19, client_l=1.5)
+    assert "1.19 requests" in little and "1.50 requests" in little, little
+    drawn = _render("schedule-vs-target", "title", planned_rps=1.8, target_rps=2.0)
+    assert drawn.endswith("2.0 req/s"), drawn
+
+
+def test_the_regression_fact_provides_its_unit():
+    from perfdiag.playbooks.facts import load_registry
+
+    assert "unit" in load_registry()["latency_regression"].provides
