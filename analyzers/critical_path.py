@@ -220,8 +220,6 @@ def _activity_kinds(g: cg.Graph) -> np.ndarray:
 def _scaled(g: cg.Graph, act_kind: np.ndarray, kind: str, name: str) -> np.ndarray | None:
     """Edge weights with one item shortened, or None when it has no lever."""
     w = g.weights.copy()
-    pred_act = np.minimum(np.maximum(g.preds, 0) // 2, g.n_activities - 1)
-    node_act = np.minimum(np.arange(len(g.time)) // 2, g.n_activities - 1)
     if kind in ("cpu", "cuda_api", "kernel", "memcpy", "memset", "comm"):
         acts = np.flatnonzero((g.name == name) & (act_kind == kind))
         w[2 * acts + 1, 0] //= 2
@@ -231,13 +229,14 @@ def _scaled(g: cg.Graph, act_kind: np.ndarray, kind: str, name: str) -> np.ndarr
         sync = g.kinds[ends] == cg.SYNC
         rows, cols = np.nonzero(sync)
         w[ends[rows], cols] = GONE
-    elif kind == "launch":
-        sel = (g.kinds == cg.LAUNCH) & (g.name[pred_act] == name)
-        w[sel] //= 2
-    elif kind in ("gpu_gap", "host_gap"):
-        edge = cg.GPU_GAP if kind == "gpu_gap" else cg.HOST_GAP
-        sel = (g.kinds == edge) & (("gaps on " + g.resource[node_act])[:, None] == name)
-        w[sel] //= 2
+    elif kind == "launch":  # the launches from calls of this name
+        rows, cols = np.nonzero(g.kinds == cg.LAUNCH)
+        hit = g.name[g.preds[rows, cols] // 2] == name
+        w[rows[hit], cols[hit]] //= 2
+    elif kind in ("gpu_gap", "host_gap"):  # the gaps before the activities of a thread/stream
+        rows, cols = np.nonzero(g.kinds == (cg.GPU_GAP if kind == "gpu_gap" else cg.HOST_GAP))
+        hit = g.resource[rows // 2] == name.removeprefix("gaps on ")
+        w[rows[hit], cols[hit]] //= 2
     else:
         return None
     return w

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from . import blocking_calls
+from .critical_path_replay import Replay
 from .gaps import HOST_BUSY_FRACTION  # one rule for what is busy
 from .intervals import union
 from .spans import CLASS_CODE, GPU_CLASSES, cls_mask
@@ -122,8 +123,9 @@ def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
         tid = df["tid"].astype("float64").fillna(-1).to_numpy()[rows]
         s, e = df["start_ns"].to_numpy(np.int64)[rows], df["end_ns"].to_numpy(np.int64)[rows]
         order = np.lexsort((-e, s, tid, pid))
-        keys = list(zip(pid[order].tolist(), tid[order].tolist(), strict=True))
-        _flatten(keys, s[order].tolist(), e[order].tolist(), rows[order].tolist(), cols)
+        pid, tid = pid[order], tid[order]
+        new = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
+        cols = _flatten(new.tolist(), s[order].tolist(), e[order].tolist(), rows[order].tolist())
     seg = pd.DataFrame(cols)
     if not len(seg):
         return pd.DataFrame({"thread": pd.Series(dtype="int64"), "start": pd.Series(dtype="int64"),
@@ -137,7 +139,10 @@ def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
     pid = df["pid"].astype("float64").to_numpy()[pos]
     seg["pid"] = np.nan_to_num(pid, nan=-1.0)
     tid = df["tid"].astype("float64").to_numpy()[pos]
-    seg["resource"] = [f"pid {_id(a)} tid {_id(b)}" for a, b in zip(pid, tid, strict=True)]
+    thread = seg["thread"].to_numpy()  # segments come thread by thread: one name each
+    first = np.r_[True, thread[1:] != thread[:-1]]
+    names = [f"pid {_id(a)} tid {_id(b)}" for a, b in zip(pid[first], tid[first], strict=True)]
+    seg["resource"] = np.asarray(names, dtype=object)[np.cumsum(first) - 1]
     return seg
 
 
@@ -145,42 +150,44 @@ def _id(v: float) -> str:
     return "-" if v != v else str(int(v))
 
 
-def _flatten(keys, s, e, span, cols) -> None:
+def _flatten(new_thread, s, e, span) -> dict[str, np.ndarray]:
     """Segments of the innermost open span, with a stack per thread (spans sorted by
     thread, start, longest first). A span that outlives its parent is cut at the
-    parent's end (imported traces are not always well nested)."""
-    stack: list[tuple[int, int]] = []  # (end, span row)
-    thread, code, cursor = None, -1, 0
-    for i, key in enumerate(keys):
-        si = s[i]
-        if key != thread:
-            while stack:  # the previous thread's open spans, innermost first
-                end, row = stack.pop()
+    parent's end (imported traces are not always well nested). The one loop over
+    spans in the critical path: kept lean (local appends, no calls per segment)."""
+    th, st, en, ro = [], [], [], []
+    ends: list[int] = []  # the open spans' ends and rows, innermost last
+    rows: list[int] = []
+    code, cursor = -1, 0
+    for new, si, ei, row in zip(new_thread, s, e, span, strict=True):
+        if new:
+            while ends:  # the previous thread's open spans, innermost first
+                end, r = ends.pop(), rows.pop()
                 if end > cursor:
-                    _emit(cols, code, cursor, end, row)
+                    th.append(code), st.append(cursor), en.append(end), ro.append(r)
                     cursor = end
-            thread, code, cursor = key, code + 1, si
-        while stack and stack[-1][0] <= si:  # spans that ended before this one starts
-            end, row = stack.pop()
+            code, cursor = code + 1, si
+        while ends and ends[-1] <= si:  # spans that ended before this one starts
+            end, r = ends.pop(), rows.pop()
             if end > cursor:
-                _emit(cols, code, cursor, end, row)
+                th.append(code), st.append(cursor), en.append(end), ro.append(r)
                 cursor = end
-        if stack and si > cursor:  # the enclosing span ran until this child began
-            _emit(cols, code, cursor, si, stack[-1][1])
-        cursor = max(cursor, si)
-        stack.append((min(e[i], stack[-1][0]) if stack else e[i], span[i]))
-    while stack:
-        end, row = stack.pop()
+        if ends:
+            if si > cursor:  # the enclosing span ran until this child began
+                th.append(code), st.append(cursor), en.append(si), ro.append(rows[-1])
+            if ends[-1] < ei:
+                ei = ends[-1]
+        if si > cursor:
+            cursor = si
+        ends.append(ei)
+        rows.append(row)
+    while ends:
+        end, r = ends.pop(), rows.pop()
         if end > cursor:
-            _emit(cols, code, cursor, end, row)
+            th.append(code), st.append(cursor), en.append(end), ro.append(r)
             cursor = end
-
-
-def _emit(cols, thread: int, start: int, end: int, row: int) -> None:
-    cols["thread"].append(thread)
-    cols["start"].append(start)
-    cols["end"].append(end)
-    cols["span"].append(row)
+    return {"thread": np.array(th, np.int64), "start": np.array(st, np.int64),
+            "end": np.array(en, np.int64), "span": np.array(ro, np.int64)}  # fmt: skip
 
 
 def _gpu_ops(df: pd.DataFrame) -> pd.DataFrame:
@@ -359,18 +366,27 @@ def _topological(time, preds) -> np.ndarray:
     has = preds >= 0
     p = np.maximum(preds, 0)
     same = has & (time[p] == time[:, None])
-    for _ in range(len(time)):
+    rows = np.flatnonzero(same.any(axis=1))  # only these can have a depth
+    same, p = same[rows], p[rows]
+    for _ in range(len(rows)):
         new = np.where(same, depth[p] + 1, 0).max(axis=1)
-        new = np.maximum(new, 0)
-        if np.array_equal(new, depth):
+        if np.array_equal(new, depth[rows]):
             break
-        depth = new
+        depth[rows] = new
     return np.lexsort((depth, time))
 
 
 def replay(g: Graph, weights: np.ndarray | None = None) -> np.ndarray:
     """Every node's time under the graph's model with these edge weights: the latest
     of its predecessors' times plus the edges' weights (the source keeps its time)."""
+    r = g.__dict__.get("_replay")
+    if r is None:
+        r = g.__dict__["_replay"] = Replay(g.time, g.preds, g.order)
+    return r(g.weights if weights is None else weights)
+
+
+def replay_each(g: Graph, weights: np.ndarray | None = None) -> np.ndarray:
+    """`replay` node by node (the reference the fast one is tested against)."""
     w = g.weights if weights is None else weights
     p0, p1, p2 = (g.preds[:, i].tolist() for i in range(3))
     w0, w1, w2 = (w[:, i].tolist() for i in range(3))

@@ -1,0 +1,60 @@
+"""Replaying a critical-path graph (critical_path_graph.py) fast: the graph is mostly
+chains (a thread's segments, a stream's ops, each node waiting only on the node before
+it), and along a chain a node's time is its chain's last cross-linked node's time plus
+the weights since (a cumulative sum). Only the nodes that a launch, a sync, a thread
+wait or a stream wait touches — a small share of a trace's nodes — need the max over
+their predecessors, one by one in topological order; every other node is filled in
+with numpy afterwards. Same answer as visiting every node, several times faster.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Replay:
+    """A graph's chain structure, worked out once for all its replays."""
+
+    def __init__(self, time: np.ndarray, preds: np.ndarray, order: np.ndarray):
+        n = len(time)
+        src = n - 1
+        idx = np.arange(n)
+        p0 = preds[:, 0]
+        self.chain = p0 == idx - 1  # waits on the node just before it in its chain
+        crossing = preds[:, 1:] >= 0
+        key = ~self.chain | crossing.any(axis=1)
+        key[preds[:, 1:][crossing]] = True  # what a cross edge leaves from
+        key[src] = True
+        self.anchor = np.maximum.accumulate(np.where(key, idx, 0))
+        # The loop works on the cross-linked nodes alone, numbered 0..k-1 (the source last).
+        self.nodes = np.flatnonzero(key)
+        slot = np.full(n, -1, np.int64)
+        slot[self.nodes] = np.arange(len(self.nodes))
+        self.key = order[key[order] & (order != src)]  # topological
+        self.p0_chain = self.chain[self.key]
+        a = np.where(self.p0_chain, self.anchor[np.maximum(p0[self.key], 0)], src)
+        self.a = a
+        self.a_slot = slot[a]
+        self.slot = slot[self.key]
+        self.p1 = np.where(preds[self.key, 1] >= 0, slot[preds[self.key, 1]], -1)
+        self.p2 = np.where(preds[self.key, 2] >= 0, slot[preds[self.key, 2]], -1)
+        self.anchor_slot = slot[self.anchor]
+        self.start = time[self.nodes]
+
+    def __call__(self, weights: np.ndarray) -> np.ndarray:
+        w0 = np.where(self.chain, weights[:, 0], 0)
+        along = np.cumsum(w0)  # a chain's weights so far (differences within one chain)
+        key = self.key
+        d0 = np.where(self.p0_chain, along[key] - along[self.a], weights[key, 0])
+        t = self.start.tolist()
+        w1, w2 = weights[key, 1].tolist(), weights[key, 2].tolist()
+        rows = zip(self.slot.tolist(), self.a_slot.tolist(), d0.tolist(), self.p1.tolist(),
+                   w1, self.p2.tolist(), w2, strict=True)  # fmt: skip
+        for n, a0, d, p1, w1, p2, w2 in rows:
+            best = t[a0] + d
+            if p1 >= 0 and t[p1] + w1 > best:
+                best = t[p1] + w1
+            if p2 >= 0 and t[p2] + w2 > best:
+                best = t[p2] + w2
+            t[n] = best
+        return np.asarray(t, np.int64)[self.anchor_slot] + (along - along[self.anchor])
