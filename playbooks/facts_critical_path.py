@@ -27,6 +27,9 @@ _ADVICE = {
     "or use a CUDA graph to cut the kernel-to-kernel gaps.",
     "sync": "Remove the synchronisation {name} from the step (.item(), .cpu(), .tolist(), "
     "blocking copies): the host waits for the GPU there.",
+    "copy_wait": "{name} makes the host wait for the GPU (a copy to or from pageable memory, "
+    "or a synchronous copy): copy into pinned memory with non_blocking=True and synchronise "
+    "once, where the result is needed.",
     "host_gap": "The host runs untraced work between ops ({name}: Python, waits): "
     "profile it with a Python sampler (py-spy) or with_stack=True.",
     "thread_wait": "A thread waits for another ({name}): overlap them or split the work.",
@@ -59,7 +62,8 @@ def critical_path(ctx: TriageContext) -> Fact | Unavailable:
     def of(*bounds: str) -> float:
         return share(float(sum(bound.get(b, 0) for b in bounds)), path)
 
-    advice = _ADVICE.get(best["kind"], "").format(name=_short(best["name"]), pieces=best["pieces"])
+    kind = "copy_wait" if best["kind"] == "sync" and "Memcpy" in str(best["name"]) else best["kind"]
+    advice = _ADVICE.get(kind, "").format(name=_short(best["name"]), pieces=best["pieces"])
     evidence = (
         ev("path_ms", "critical path", path / 1e6, "ms"),
         ev("steps", "steps", steps),
