@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..traces.atomic_file import write_atomic
 from ..traces.layout import RESULTS_DIR
 from .actions import Action
 from .serving import to_jsonable
@@ -201,11 +202,9 @@ def write_findings(
     results = Path(run_path) / RESULTS_DIR
     results.mkdir(parents=True, exist_ok=True)
     target = results / FINDINGS_FILE
-    tmp = target.with_suffix(".json.tmp")
     data = to_jsonable(triage)
     data["top"] = triage.top.check if triage.top is not None else None  # the top cause's check
     if analysis is not None:
         data["analysis"] = analysis
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, target)
+    write_atomic(target, json.dumps(data, indent=2) + "\n")
     return target

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..traces.atomic_file import write_atomic
 from ..traces.layout import RESULTS_DIR
 from ..traces.reader import Run
 from .cache import CacheAnalysis, cache_hits
@@ -200,7 +201,4 @@ def write_metrics(analysis: ServingAnalysis, run_path: str | os.PathLike) -> Pat
     results = Path(run_path) / RESULTS_DIR
     results.mkdir(parents=True, exist_ok=True)
     target = results / METRICS_FILE
-    tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(to_jsonable(analysis), indent=2) + "\n")
-    os.replace(tmp, target)
-    return target
+    return write_atomic(target, json.dumps(to_jsonable(analysis), indent=2) + "\n")

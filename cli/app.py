@@ -11,6 +11,7 @@ from rich.console import Console
 
 from .._version import __version__
 from ..errors import PerfdiagError
+from .signals import exit_interrupted
 
 app = typer.Typer(
     name="perfdiag",
@@ -72,9 +73,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"perfdiag: error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        print("perfdiag: interrupted", file=sys.stderr)
-        sys.exit(130)
+        exit_interrupted()
     except Exception as e:  # a bug: one line for the user, the traceback kept for a report
+        from ..traces.storage_errors import storage_error
+
+        if (full := storage_error(None, e)) is not None:  # the machine's disk, not a bug
+            print(f"perfdiag: error: {full}", file=sys.stderr)
+            sys.exit(1)
         if isinstance(e, OSError) and e.filename is not None:
             # A path the user gave that the system refuses (too long, no access): theirs.
             print(f"perfdiag: error: {e.filename}: {e.strerror or e}", file=sys.stderr)

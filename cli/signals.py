@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
+import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 
 class Terminated:
@@ -37,3 +40,25 @@ def sigterm_as_interrupt() -> Iterator[type[Terminated]]:
         yield Terminated
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def handle_signals_early() -> None:
+    """From the CLI's first import on, SIGTERM stops perfdiag as Ctrl-C does, with a
+    message, instead of the silent default death (imports take a second or two)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with contextlib.suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # keep an embedder's own
+            signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum, frame) -> None:
+    Terminated.received = True
+    raise KeyboardInterrupt
+
+
+def exit_interrupted() -> NoReturn:
+    """The one line and exit code of a perfdiag stopped by Ctrl-C (130) or SIGTERM (143)."""
+    word = "terminated" if Terminated.received else "interrupted"
+    print(f"perfdiag: {word}", file=sys.stderr)
+    sys.exit(143 if Terminated.received else 130)

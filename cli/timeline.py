@@ -319,15 +319,16 @@ def _profiled_steps(run) -> tuple[int, int] | None:
 def _roofline(run, ceilings_dir, hardware=None):
     """The run's roofline, saved under results/ with the ceilings it used."""
     from ..analyzers.roofline import roofline_report
+    from ..traces.atomic_file import write_atomic
     from ..traces.layout import RESULTS_DIR
 
     roof = roofline_report(run, ceilings_dir=ceilings_dir, hardware=hardware)
     try:
         results = Path(run.path) / RESULTS_DIR
         results.mkdir(exist_ok=True)
-        (results / "roofline.json").write_text(json_text(roof.to_dict()) + "\n")
-    except OSError:
-        pass  # a read-only run still gets its roofline printed
+        write_atomic(results / "roofline.json", json_text(roof.to_dict()) + "\n")
+    except PermissionError:
+        pass  # a run the user may not write to still gets its roofline printed
     return roof
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..traces.atomic_file import write_atomic
 from .figure_data import figure_data
 
 FIGURES = ("ttft_parts", "itl_causes", "load", "steps", "kv")
@@ -33,8 +34,10 @@ def draw(name: str, ctx, out_dir: Path) -> Path | None:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -14,10 +14,10 @@ a CI artefact). The page never loads anything over the network.
 from __future__ import annotations
 
 import html
-import os
 from pathlib import Path
 
 from ..analyzers.findings import Finding, Triage
+from ..traces.atomic_file import write_atomic
 from ..traces.layout import RESULTS_DIR
 from .html_figures import FIGURES, TITLES, build
 from .triage_view import GATE_HEADING, StepView, triage_view
@@ -56,10 +56,7 @@ def write_html(triage: Triage, ctx, path: Path | None = None) -> Path:
     """Write the report (into the run's results/ unless `path` is given), atomically."""
     target = path if path is not None else Path(ctx.run.path) / RESULTS_DIR / HTML_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(render_html(triage, ctx), encoding="utf-8")
-    os.replace(tmp, target)
-    return target
+    return write_atomic(target, render_html(triage, ctx))
 
 
 def render_html(triage: Triage, ctx) -> str:

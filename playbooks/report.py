@@ -9,10 +9,10 @@ the load over time when none fired).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from ..analyzers.findings import Finding, Triage
+from ..traces.atomic_file import write_atomic
 from ..traces.layout import RESULTS_DIR
 from .figures import draw
 from .triage_view import GATE_HEADING, triage_view
@@ -32,10 +32,7 @@ def write_report(triage: Triage, ctx, figures: bool = True) -> Path:
             if path is not None:
                 drawn[name] = path.name
     target = results / REPORT_FILE
-    tmp = target.with_suffix(".md.tmp")
-    tmp.write_text(render(triage, ctx, drawn))
-    os.replace(tmp, target)
-    return target
+    return write_atomic(target, render(triage, ctx, drawn))
 
 
 def render(triage: Triage, ctx, figures: dict[str, str]) -> str:

@@ -74,6 +74,24 @@ def record_run(
         rank_pids = [os.getpid(), *(engine.tp.pids if engine.tp is not None else ())]
         if faults is not None:
             faults.check_ranks(len(rank_pids))
+        writer = RunWriter(
+            out_dir,
+            command=list(sys.argv if command is None else command),
+            config={
+                "run_options": options.to_dict(),
+                **({"workload_fit": fitted} if fitted else {}),
+                "engine_config": dataclasses.asdict(engine.config),
+                "num_kv_blocks": engine.block_manager.num_blocks,
+                **({"faults": faults.to_dict()} if faults is not None and faults.active else {}),
+                **({"parallel": engine.tp.info()} if engine.tp is not None else {}),
+                **(
+                    {"data_parallel": {"size": dp, "router": options.engine.router}}
+                    if dp > 1
+                    else {}
+                ),
+            },
+            environment_info=environment.fingerprint(deep=True),
+        )  # a full disk: it leaves the directory as it found it
     except BaseException:
         for e in replicas:
             e.close()
@@ -81,24 +99,10 @@ def record_run(
             with contextlib.suppress(OSError):
                 out_dir.rmdir()
         raise
-    writer = RunWriter(
-        out_dir,
-        command=list(sys.argv if command is None else command),
-        config={
-            "run_options": options.to_dict(),
-            **({"workload_fit": fitted} if fitted else {}),
-            "engine_config": dataclasses.asdict(engine.config),
-            "num_kv_blocks": engine.block_manager.num_blocks,
-            **({"faults": faults.to_dict()} if faults is not None and faults.active else {}),
-            **({"parallel": engine.tp.info()} if engine.tp is not None else {}),
-            **({"data_parallel": {"size": dp, "router": options.engine.router}} if dp > 1 else {}),
-        },
-        environment_info=environment.fingerprint(deep=True),
-    )
     status = CRASHED
-    sampler = window = triton_probe = None
-    gc_probe = GcProbe(writer.table("spans").append).attach()
+    sampler = window = triton_probe = gc_probe = None
     try:
+        gc_probe = GcProbe(writer.table("spans").append).attach()
         if options.probes.profile_steps is not None:
             first, last = options.probes.profile_steps
             window = ProfilerWindow(first, last, options.engine.device, out_dir)
@@ -144,23 +148,26 @@ def record_run(
         if writer.failure is None:
             raise
     finally:
-        for e in replicas:
-            e.close()  # tensor parallelism: workers stop, their last records land
-            e.observer = None
-        gc_probe.detach()
-        if triton_probe is not None:
-            triton_probe.detach()
-            info = {**writer.manifest.extra, "triton_probe": triton_probe.summary()}
-            writer.update_manifest(extra=info)
-        if sampler is not None:
-            sampler.stop()
-        if window is not None:
-            try:
-                info = window.finish(writer, writer.manifest.clock)
-            except (OSError, RuntimeError) as e:  # say, no room for the raw trace
-                info = {"captured_steps": None, "reason": f"the trace was not kept: {e}"}
-            writer.update_manifest(extra={**writer.manifest.extra, "profiler_window": info})
-        writer.close(status)
+        try:
+            for e in replicas:
+                e.close()  # tensor parallelism: workers stop, their last records land
+                e.observer = None
+            if gc_probe is not None:
+                gc_probe.detach()
+            if triton_probe is not None:
+                triton_probe.detach()
+                info = {**writer.manifest.extra, "triton_probe": triton_probe.summary()}
+                writer.update_manifest(extra=info)
+            if sampler is not None:
+                sampler.stop()
+            if window is not None:
+                try:
+                    info = window.finish(writer, writer.manifest.clock)
+                except (OSError, RuntimeError) as e:  # say, no room for the raw trace
+                    info = {"captured_steps": None, "reason": f"the trace was not kept: {e}"}
+                writer.update_manifest(extra={**writer.manifest.extra, "profiler_window": info})
+        finally:  # a second Ctrl-C while the probes stop still closes the run
+            writer.close(status)
     if writer.failure is not None:
         raise writer.failure_error()
     return SessionResult(out_dir, status, progress)

@@ -184,12 +184,25 @@ def load_run(path: str | os.PathLike) -> Run:
                     f"{name}: {TABLES_DIR}/{name}{PARQUET_SUFFIX} is missing: the manifest "
                     f"counts {expected:,} rows, lost since the run closed (read as empty)"
                 )
+        if not note and source is not None and source.parquet is None:
+            note = _not_compacted(manifest, name)
         if note:
             notes.append(note)
         sources[name] = source
     if status == CRASHED:
         notes.insert(0, "the writer stopped without closing the run: it holds what was flushed")
     return Run(path, manifest, status, sources, missing, notes, lost_tables=lost)
+
+
+def _not_compacted(manifest: Manifest, name: str) -> str | None:
+    """Why a closed run's table is still its Arrow stream, when the writer said."""
+    info = manifest.tables.get(name)
+    why = info.get("compact_error") if isinstance(info, dict) else None
+    if not why:
+        return None
+    if why == "interrupted":
+        return f"{name}: compaction was interrupted: read from its Arrow stream (all rows)"
+    return f"{name}: not compacted ({str(why)[:200]}): read from its Arrow stream"
 
 
 def _counted_rows(manifest: Manifest, name: str) -> int | None:

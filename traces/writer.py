@@ -37,27 +37,35 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
 from .._version import __version__
 from ..errors import ConfigError, PerfdiagError, RunFormatError
 from . import environment
-from .layout import LOCK_FILE, TABLES_DIR, parquet_path, stream_path
-from .manifest import COMPLETE, CRASHED, INTERRUPTED, RUNNING, Manifest, write_manifest
+from .compaction import compact_table
+from .layout import LOCK_FILE, TABLES_DIR, stream_path
+from .manifest import (
+    COMPLETE,
+    CRASHED,
+    INTERRUPTED,
+    MANIFEST,
+    RUNNING,
+    Manifest,
+    write_manifest,
+)
 from .schema import ROW_TYPES, SCHEMA_VERSION, STORAGE_SCHEMAS, batch_from_rows
+from .signal_guard import Held, signals_held
+from .storage_errors import storage_error, storage_kind
 from .stream import (
     CHECKSUMS,
     CHECKSUMS_KEY,
     CRC_KEY,
     SCHEMA_CRC_KEY,
     batch_checksum,
-    iter_stream,
     schema_checksum,
 )
 
 MAX_FLUSH_INTERVAL_S = 1.0
 FLUSH_POLL_S = 0.05
-ROW_GROUP_ROWS = 1 << 20  # large row groups read fastest
 
 
 def utc_now_iso() -> str:
@@ -199,12 +207,6 @@ class TableAppender:
         )
 
 
-def _is_text(t: pa.DataType) -> bool:
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
 def rows_to_batch(rows: list[tuple], table: str) -> pa.RecordBatch:
     """Convert row tuples of `table` to a record batch in its storage schema (for
     `TableAppender.append_batch`). Raises on a malformed row."""
@@ -247,7 +249,7 @@ class RunWriter:
         if batch_rows < 1:
             raise ConfigError("batch_rows must be at least 1")
         self.path = Path(path)
-        self._prepare_directory()
+        created_dir = self._prepare_directory()
         self._lock_fd = self._take_lock()
         self._manifest = Manifest(
             schema_version=SCHEMA_VERSION,
@@ -263,10 +265,7 @@ class RunWriter:
             writer={"pid": os.getpid(), "host": socket.gethostname()},
             tables={name: {"format": "arrow-stream"} for name in ROW_TYPES},
         )
-        write_manifest(self.path, self._manifest)
-        self._tables = {
-            name: TableAppender(name, stream_path(self.path, name)) for name in ROW_TYPES
-        }
+        self._tables: dict[str, TableAppender] = {}
         self._flush_interval_s = flush_interval_s
         self._batch_rows = batch_rows
         self._error: BaseException | None = None
@@ -277,7 +276,23 @@ class RunWriter:
         self._flusher = threading.Thread(
             target=self._flush_loop, name="perfdiag-run-flusher", daemon=True
         )
-        self._flusher.start()
+        try:
+            # An interrupt once the manifest exists must find a writer that can close
+            # the run: it is held until the writer is whole, then closes it (below).
+            with signals_held():
+                try:
+                    write_manifest(self.path, self._manifest)
+                    for name in ROW_TYPES:
+                        self._tables[name] = TableAppender(name, stream_path(self.path, name))
+                except (OSError, pa.ArrowException) as e:
+                    self._undo_open(created_dir)  # nothing was recorded: leave nothing
+                    raise storage_error(self.path, e, "no run was started") or ConfigError(
+                        f"{self.path}: cannot write the run ({describe_os_error(e)})"
+                    ) from None
+                self._flusher.start()
+        except KeyboardInterrupt:
+            self.close(INTERRUPTED)
+            raise
 
     # -- recording -----------------------------------------------------------------------
     def table(self, name: str) -> TableAppender:
@@ -326,8 +341,10 @@ class RunWriter:
 
     def failure_error(self) -> WriteFailedError:
         """The one-line error a recording stopped by a failed write ends with."""
+        kind = storage_kind(self._error) if self._error is not None else None
         return WriteFailedError(
-            f"{self.path}: {self.failure}: the run stopped; everything written before it "
+            f"{self.path}: {kind + ': ' if kind else ''}{self.failure}: the run stopped; "
+            f"everything written before it "
             f"is kept ({self.rows_lost:,} rows were lost)"
         )
 
@@ -353,8 +370,16 @@ class RunWriter:
         if status not in (COMPLETE, INTERRUPTED, CRASHED):
             raise ConfigError(f"a run ends complete, interrupted or crashed, not {status!r}")
         self._closed = True
+        # Ctrl-C or SIGTERM now would leave the run `running`, locked, half-compacted:
+        # it is held, stops the compaction (the streams stay the data), and is raised
+        # once the manifest says how the run ended and the lock is gone.
+        with signals_held() as held:
+            self._close(status, held)
+
+    def _close(self, status: str, held: Held) -> None:
         self._stop.set()
-        self._flusher.join()
+        if self._flusher.is_alive():
+            self._flusher.join()
         for table in self._tables.values():
             if self._error is None:
                 try:
@@ -364,7 +389,7 @@ class RunWriter:
                     self._fail(e)
             self.rows_lost += table.discard()
             table.abandon()
-        tables = {name: self._compact(name) for name in self._tables}
+        tables = {name: compact_table(self.path, name, held) for name in self._tables}
         dropped = {n: t.dropped for n, t in self._tables.items() if t.dropped}
         extra = dict(self._manifest.extra)
         if dropped:
@@ -372,6 +397,10 @@ class RunWriter:
             extra["first_drop_error"] = next(
                 t.first_error for t in self._tables.values() if t.first_error
             )
+        left = [n for n, info in tables.items() if info.get("compact_error") == INTERRUPTED]
+        if left:
+            extra["compaction"] = (f"interrupted: {', '.join(left)} kept as Arrow streams "
+                                   f"(every row is there; they read more slowly)")  # fmt: skip
         if self._error is not None:
             status = CRASHED
             extra["write_error"] = self.failure
@@ -399,15 +428,37 @@ class RunWriter:
         self.close(status)
 
     # -- internals -----------------------------------------------------------------------
-    def _prepare_directory(self) -> None:
+    def _prepare_directory(self) -> bool:
+        """Create the (empty or absent) run directory's tables/; whether it created the
+        run directory itself."""
         try:
-            if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            existed = self.path.exists()
+            if existed and (not self.path.is_dir() or any(self.path.iterdir())):
                 raise ConfigError(f"{self.path}: already exists and is not an empty directory")
             (self.path / TABLES_DIR).mkdir(parents=True, exist_ok=True)
         except PermissionError:
             raise ConfigError(f"{self.path}: cannot create the run directory here") from None
         except OSError as e:
-            raise ConfigError(f"{self.path}: cannot create the run directory ({e})") from None
+            raise storage_error(self.path, e, "no run was started") or ConfigError(
+                f"{self.path}: cannot create the run directory ({e})"
+            ) from None
+        return not existed
+
+    def _undo_open(self, created_dir: bool) -> None:
+        """Remove what opening wrote (the directory was empty: all of it is ours)."""
+        self._closed = True
+        for table in self._tables.values():
+            table.abandon()
+        for name in ROW_TYPES:
+            stream_path(self.path, name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (self.path / TABLES_DIR).rmdir()
+        (self.path / MANIFEST).unlink(missing_ok=True)
+        (self.path / (MANIFEST + ".tmp")).unlink(missing_ok=True)
+        self._release_lock()
+        if created_dir:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
 
     def _take_lock(self) -> int:
         fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -436,37 +487,3 @@ class RunWriter:
                         table.flush()
             except Exception as e:  # surfaced by flush()/close() in the recording thread
                 self._fail(e)
-
-    def _compact(self, name: str) -> dict[str, Any]:
-        """Stream the table's IPC file into Parquet, atomically, in bounded memory."""
-        src, dst = stream_path(self.path, name), parquet_path(self.path, name)
-        tmp = dst.with_suffix(".parquet.tmp")
-        rows = 0
-        try:
-            schema = STORAGE_SCHEMAS[name]
-            # Page checksums: a damaged page of a finished run is an error, not values.
-            # Dictionary pages for text only (ids and times rarely repeat: zstd packs them
-            # better plain) and no min/max of text (a trace's args): a trace's spans are
-            # written in ~25 % less time, into a 15 % smaller file.
-            text = [f.name for f in schema if _is_text(f.type)]
-            with pq.ParquetWriter(tmp, schema, compression="zstd", write_page_checksum=True,
-                                  use_dictionary=text,
-                                  write_statistics=[c for c in schema.names if c not in text],
-                                  ) as out:  # fmt: skip
-                pending: list[pa.RecordBatch] = []
-                for batch in iter_stream(src, schema, tolerate_truncation=False):
-                    pending.append(batch)
-                    rows += batch.num_rows
-                    if sum(b.num_rows for b in pending) >= ROW_GROUP_ROWS:
-                        out.write_table(pa.Table.from_batches(pending))
-                        pending = []
-                if pending:
-                    out.write_table(pa.Table.from_batches(pending))
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, dst)
-        except (OSError, pa.ArrowException, RunFormatError) as e:
-            # Keep the stream: a run that failed to compact still reads from it.
-            tmp.unlink(missing_ok=True)
-            return {"format": "arrow-stream", "compact_error": str(e)}
-        return {"format": "parquet", "rows": rows}

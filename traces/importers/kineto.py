@@ -226,6 +226,8 @@ def _write_run(files, ids, tmp: Path, bases, command, copy_raw: bool, mode, warn
             },
         )
         writer.close()
+        if writer.failure is not None:  # a full disk: the import is incomplete, not a run
+            raise writer.failure_error()
     except BaseException:
         writer.close(CRASHED)  # never complete-looking, then gone
         shutil.rmtree(tmp, ignore_errors=True)
