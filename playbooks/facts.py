@@ -336,6 +336,27 @@ def arrival_spec(ctx: TriageContext) -> dict:
     return arrival if isinstance(arrival, dict) else {}
 
 
+def slot_factor(ctx: TriageContext) -> float:
+    """How much TTFT a second saved of a request's time in the engine (the slot it holds:
+    E2E less its queue and input) saves in all. In a closed loop of n clients held at a
+    limit of c running requests, throughput is c / S for slot time S, each client cycles
+    in n·S / c, so the queue is S·(n − c) / c: a service saving Δ shortens it by
+    Δ·(n − c) / c too, and TTFT by Δ·(1 + queue / S), read from the run's own means.
+    1 for an open loop (its queue falls faster still, but by how much depends on the
+    arrivals: not claimed) and where the run cannot say."""
+    if arrival_spec(ctx).get("mode") != "closed":
+        return 1.0
+    t, m = ctx.get("ttft"), ctx.get("metrics")
+    if t is None or m is None or "e2e_s" not in m.per_request:
+        return 1.0
+    e2e = m.per_request["e2e_s"].to_numpy("float64")
+    e2e = float(np.nanmean(e2e)) if np.isfinite(e2e).any() else float("nan")
+    slot = e2e - t.mean.queue_s - t.mean.input_s
+    if not (np.isfinite(slot) and slot > 0 and t.mean.queue_s > 0):
+        return 1.0
+    return 1.0 + t.mean.queue_s / slot
+
+
 def stall_predicted(per_gap, saved: str, target: str) -> Impact:
     """An advice predicted to save `saved` of each gap, judged on each request's longest
     gap (`stall.p90`: the stall that 1 in 10 requests' streams showed)."""

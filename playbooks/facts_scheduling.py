@@ -18,6 +18,7 @@ from .facts import (
     impact_evidence,
     ms,
     share,
+    slot_factor,
     token_price,
     ttft_impact,
 )
@@ -27,8 +28,9 @@ UNPRICED_STEP = 8  # how far to enlarge a slice whose tokens the model cannot pr
 
 @fact(
     "chunk_overhead",
-    provides=("chunk", "steps_per_prefill", "overhead_ms", "ttft_ms", "fixed_ms", "chunk_ms",
-              "per_token_us", "advice", "mean_gain", "tail_gain", "slo_gain"),
+    provides=("chunk", "steps_per_prefill", "overhead_ms", "slot_factor", "queue_ms", "ttft_ms",
+              "fixed_ms", "chunk_ms", "per_token_us", "advice", "mean_gain", "tail_gain",
+              "slo_gain"),
 )  # fmt: skip
 def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     """Share of the mean TTFT that prompts pay in fixed step costs beyond their first
@@ -51,16 +53,24 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     reread = _reread_context(chunks, ctx.run.requests).reindex(request_ids).fillna(0).to_numpy()
     avoidable = (pr["step_overhead_s"].to_numpy() - extra) * (steps - 1) / steps + extra
     avoidable = avoidable + cost.per_context_token_s * reread
+    overhead_s = float(avoidable.mean()) if len(pr) else 0.0
+    # In a closed loop held at its limit, a slot freed sooner also shortens the queue.
+    factor = slot_factor(ctx)
+    avoidable = avoidable * factor
     frame = pr.assign(avoidable_overhead_s=avoidable)
-    value = share(float(avoidable.mean()), t.mean.ttft_s) if len(pr) else 0.0
+    value = min(share(float(avoidable.mean()), t.mean.ttft_s), 1.0) if len(pr) else 0.0
+    queue_ms = ms(overhead_s * (factor - 1.0)) if factor > 1.0 else None
     impact = ttft_impact(ctx, frame, "avoidable_overhead_s")
     chunk = ctx.chunk_size
     advice, action = _slice_advice(ctx, cost, chunk, ctx.get("composition"))
     evidence = (
         ev("chunk", "prefill chunk", f"{chunk} tokens" if chunk else "whole prompts"),
         ev("steps_per_prefill", "steps per prompt (mean)", float(steps.mean())),
-        ev("overhead_ms", "fixed cost beyond the first step, per request", ms(avoidable.mean()),
+        ev("overhead_ms", "fixed cost beyond the first step, per request", ms(overhead_s),
            "ms"),
+        ev("slot_factor", "TTFT per second of slot time (a closed loop's queue grows with it)",
+           factor),
+        ev("queue_ms", "queue it adds, per request (closed loop)", queue_ms, "ms"),
         ev("ttft_ms", "mean TTFT", ms(t.mean.ttft_s), "ms"),
         ev("fixed_ms", "fixed cost per step", ms(cost.fixed_s), "ms"),
         ev("chunk_ms", "cost per chunk beyond its tokens", ms(cost.per_prefill_chunk_s), "ms"),
