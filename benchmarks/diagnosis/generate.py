@@ -36,6 +36,7 @@ from perfdiag.probes.workload import PrefixSpec
 
 from .scenarios import HEALTHY, Scenario, _closed, _len, _open
 
+USER_PROBES = {"device_sampling": True}  # perfdiag run's default
 DEV_SEEDS = range(0, 1000)
 HELD_OUT_SEEDS = range(1000, 1_000_000)
 BLOCK = 16  # the engine's default KV block size (tokens)
@@ -505,8 +506,10 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
     cause = ", ".join(f"{f.cls} ×{r:.2f}" for f, r in zip(d.faults, rels, strict=True))
     expected = d.expected[0] if d.faults else HEALTHY
     fo = FaultOptions(**faults) if faults else None
+    # Recorded as a user records by default: with the CPU sampler, which is what tells
+    # another process's load from the engine's own (without it a neighbour is invisible).
     return Scenario(name, cause or "nothing", expected, engine=engine, workload=workload,
-                    faults=fo, neighbours=neighbours), rels  # fmt: skip
+                    faults=fo, neighbours=neighbours, probes=USER_PROBES), rels  # fmt: skip
 
 
 _CALIBRATIONS: dict[str, Calibration] = {}
@@ -524,11 +527,13 @@ def calibrate(d: Draw, root: Path) -> Calibration:
     lengths = dict(prompt_len=_len("uniform:{}:{}".format(*d.prompt)),
                    output_len=_len("uniform:{}:{}".format(*d.output)), seed=7)  # fmt: skip
     tag = f"cal-{abs(hash(key)) % 10**8}"
-    one = Scenario(f"{tag}-1", "calibration", HEALTHY, engine=d.engine,
+    one = Scenario(f"{tag}-1", "calibration", HEALTHY, engine=d.engine, probes=USER_PROBES,
                    workload=dict(lengths, requests=12, warmup=2, arrival=_closed(1)))  # fmt: skip
     clients = d.engine["max_seqs"] * d.engine.get("dp", 1)
     work = dict(lengths, requests=24, warmup=3, arrival=_closed(clients))
-    many = Scenario(f"{tag}-n", "calibration", HEALTHY, engine=d.engine, workload=work)
+    many = Scenario(
+        f"{tag}-n", "calibration", HEALTHY, engine=d.engine, workload=work, probes=USER_PROBES
+    )
     r1 = load_run(one.record(root / one.name))
     rn = load_run(many.record(root / many.name))
     m1, mn = analyze_serving(r1).metrics, analyze_serving(rn).metrics
