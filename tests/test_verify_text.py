@@ -80,6 +80,6 @@ def test_host_contention_beside_the_advice_makes_an_improvement_inconclusive(sli
     v = verify(a, finding, tmp_path / "b", analyze=lambda run: _contended(TriageContext(run), 0.4))
     assert v.target.verdict == "better"  # the chunk alone would have been "improved"
     names = [ch.name for ch in v.comparison.diff.variables]
-    assert "host.cpu_contention" in names and len(names) == 2  # the comparison's warning
+    assert "host.cpu_contention" in names and len(names) >= 2  # the comparison's warning
     assert v.verdict == "inconclusive", v.reason
     assert "host.cpu_contention" in v.reason
