@@ -28,6 +28,7 @@ def _first(doc, cat):
 
 
 def _import(doc, tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
     with warnings.catch_warnings():
@@ -100,3 +101,17 @@ def test_identical_events_twice_are_reported_with_their_count(tmp_path):
 def test_a_trace_without_duplicates_says_nothing(tmp_path):
     summary, _ = _import(_doc(), tmp_path)
     assert not [w for w in summary.warnings if "identical" in w]
+
+
+def test_lone_surrogates_in_counters_and_metadata_keep_their_rows(tmp_path):
+    doc = _doc()
+    ts = _first(doc, "cpu_op")["ts"]
+    doc["traceEvents"] += [
+        {"ph": "C", "name": "q\ud800", "pid": "\ud802", "ts": ts, "args": {"v\udc00": 3, "w": 4}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": "\ud800", "args": {"name": "w\udfff"}},
+    ]
+    before = len(load_run(_import(_doc(), tmp_path / "a")[0].out).counters)
+    _, run = _import(doc, tmp_path / "b")
+    counters = run.counters
+    assert len(counters) == before + 2
+    assert {"q\ufffd.v\ufffd", "q\ufffd.w"} <= set(counters["name"])

@@ -26,7 +26,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from .chrome_stream import ChromeTraceStream
-from .kineto_structs import UNSET, Event, args_view, full_args
+from .kineto_structs import UNSET, Event, args_view, full_args, text_of
 from .op_cost import op_cost
 
 NO_STREAM = 2**32 - 1  # how Kineto writes a stream of -1 (uint32)
@@ -116,16 +116,6 @@ def _number(value) -> float | None:
 
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def text_of(value: str) -> str:
-    """`value` as valid UTF-8 text: a lone surrogate (JSON's "\\ud800", which Python
-    decodes but no UTF-8 file can hold) becomes U+FFFD, so the row is kept, not dropped."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return value
 
 
 def _bad_thread(pid, tid) -> str:
@@ -448,12 +438,13 @@ class KinetoFileReader:
         if not 0 <= ts - self.offset <= MAX_NS:
             self._skip("counter with ts out of range")
             return
-        name = "counter" if ev.name is None else text_of(str(ev.name))
+        name = "counter" if ev.name is None else str(ev.name)
+        scope = text_of(f"pid{ev.pid}")
         for key, value in args.items():
             number = _number(value)
             if number is not None:
                 label = name if len(args) == 1 else f"{name}.{key}"
-                self.add_counter((label, ts, number, f"pid{ev.pid}"))
+                self.add_counter((text_of(label), ts, number, scope))
 
     def _memory(self, ev, args: dict):
         try:

@@ -77,3 +77,13 @@ def full_args(args) -> dict:
 def args_view(args: dict) -> Args:
     """The exact front end's view of a decoded args dict."""
     return msgspec.convert(args, Args) if args else NO_ARGS
+
+
+def text_of(value: str) -> str:
+    """`value` as valid UTF-8 text: a lone surrogate (JSON's "\\ud800", which Python
+    decodes but no UTF-8 file can hold) becomes U+FFFD, so the row is kept, not dropped."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return value
