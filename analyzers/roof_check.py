@@ -16,8 +16,16 @@ import pandas as pd
 
 from .ceilings import MEASURED, Ceilings
 
-# Other processes holding this many cores during calibration make its figures suspect.
-BUSY_OTHERS_CORES = 0.25
+# Other processes holding this share of the machine's cores during calibration make its
+# figures suspect (host.py's OTHERS_PRESENT_SHARE: 0.25 cores of 2, 12 of 96).
+BUSY_OTHERS_SHARE = 0.125
+
+
+def busy_others(others_cores, cores) -> bool:
+    """Other processes held at least BUSY_OTHERS_SHARE of the machine's cores."""
+    ok = isinstance(others_cores, int | float) and math.isfinite(others_cores)
+    ok = ok and isinstance(cores, int | float) and cores > 0
+    return bool(ok and others_cores >= BUSY_OTHERS_SHARE * cores)
 
 
 def over_roof_note(frame: pd.DataFrame, ceilings: Ceilings, noun: str = "steps") -> str | None:
@@ -37,7 +45,8 @@ def over_roof_note(frame: pd.DataFrame, ceilings: Ceilings, noun: str = "steps")
         return text + " (datasheet figures): measure this machine's with perfdiag calibrate"
     load = ceilings.details.get("others_load")
     others = load.get("others_cores") if isinstance(load, dict) else None
-    if isinstance(others, int | float) and math.isfinite(others) and others >= BUSY_OTHERS_CORES:
+    cores = load.get("cores") if isinstance(load, dict) else None
+    if busy_others(others, cores):
         return text + (
             f"; other processes used {others:.1f} cores while they were measured: calibrate "
             "again on a quiet machine"

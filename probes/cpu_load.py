@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..analyzers.roof_check import BUSY_OTHERS_CORES  # the roofline's note uses it too
+from ..analyzers.roof_check import busy_others  # the roofline's note uses it too
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class OthersLoad:
 
     @property
     def busy(self) -> bool:
-        return math.isfinite(self.others_cores) and self.others_cores >= BUSY_OTHERS_CORES
+        return busy_others(self.others_cores, self.cores)
 
     def to_dict(self) -> dict:
         return {
