@@ -31,6 +31,7 @@ nasty = st.one_of(
 )  # fmt: skip
 FIELDS = ["ts", "dur", "pid", "tid", "name", "cat", "ph", "args", "id"]
 ARG_FIELDS = ["correlation", "device", "stream", "bytes", "flops", "In msg nelems", "dtype"]
+ARG_FIELDS.append("k\udfff")  # a key with an unpaired surrogate
 
 
 def mutate(event: dict, field: str, value, delete: bool) -> bool:

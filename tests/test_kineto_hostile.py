@@ -115,3 +115,19 @@ def test_lone_surrogates_in_counters_and_metadata_keep_their_rows(tmp_path):
     counters = run.counters
     assert len(counters) == before + 2
     assert {"q\ufffd.v\ufffd", "q\ufffd.w"} <= set(counters["name"])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_lone_surrogates_in_args_keys_and_values_keep_the_spans(tmp_path, fast):
+    doc = _doc()
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X":
+            e.setdefault("args", {})["s\udfff"] = "v\ud800"
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = import_kineto([path], tmp_path / "run", jobs=1, fast=fast)
+    run = load_run(tmp_path / "run")
+    assert sum(summary.spans.values()) == len(run.spans) == _x_events(doc) - 1
+    assert run.spans["correlation"].notna().any()  # the keys it reads are still read

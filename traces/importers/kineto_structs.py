@@ -76,7 +76,12 @@ def full_args(args) -> dict:
 
 def args_view(args: dict) -> Args:
     """The exact front end's view of a decoded args dict."""
-    return msgspec.convert(args, Args) if args else NO_ARGS
+    if not args:
+        return NO_ARGS
+    try:
+        return msgspec.convert(args, Args)
+    except UnicodeEncodeError:  # a key with an unpaired surrogate: none of the keys read
+        return msgspec.convert({k: v for k, v in args.items() if text_of(k) == k}, Args)
 
 
 def text_of(value: str) -> str:
