@@ -80,7 +80,7 @@ class CapacityPlan:
 
     def check(self) -> None:
         """Build a level's run options now, so a bad flag fails before any run."""
-        from ..cli.run import build_options
+        from ..probes.run_flag_options import build_options
 
         options, http = build_options(self.flags(1.0, 0))
         if http is None:
@@ -94,7 +94,7 @@ class CapacityPlan:
 
 
 def measure_run(plan: CapacityPlan, flags: dict[str, Any], run_dir: Path, on_progress=None):
-    from ..cli.run import build_options
+    from ..probes.run_flag_options import build_options
 
     options, http = build_options(flags)
     record(options, http, run_dir, on_progress=on_progress)
@@ -135,7 +135,7 @@ class Saturation:
 
 def saturation(plan: CapacityPlan, out_dir: Path, on_progress=None) -> Saturation:
     """The closed-loop throughput at the engine's batch limit (or 16 target clients)."""
-    from ..cli.run import build_options
+    from ..probes.run_flag_options import build_options
 
     options, http = build_options(plan.aimed({**plan.base, "closed": True, "concurrency": 1}))
     c = TARGET_PROBE_CONCURRENCY if http is not None else options.engine.max_seqs

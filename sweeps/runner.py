@@ -74,7 +74,7 @@ class SweepInterrupted(Exception):
 
 def validate(spec: SweepSpec) -> list[tuple[Point, Any, Any]]:
     """Every point's run options, built now so a bad value fails before anything runs."""
-    from ..cli.run import build_options
+    from ..probes.run_flag_options import build_options
 
     out = []
     for point in spec.points():

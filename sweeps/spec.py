@@ -18,17 +18,15 @@ product) or a YAML file:
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..probes import run_flags
 from ..yaml_file import read_yaml_mapping
 
 # Run flags a sweep sets itself, or that make no sense per point.
@@ -137,41 +135,14 @@ def show(value: Any) -> str:
     return str(value)
 
 
-@functools.cache
-def _run_hints() -> dict:
-    """`perfdiag run`'s parameters with their Annotated types (read once)."""
-    from ..cli.run import run
-
-    return typing.get_type_hints(run, include_extras=True)
-
-
-@functools.cache
-@typing.no_type_check
 def flag_types() -> dict[str, type]:
     """Every `perfdiag run` flag a sweep may set, with its value's type."""
-    out = {}
-    for name, hint in _run_hints().items():
-        if name in NOT_SWEEPABLE or name == "return":
-            continue
-        kind = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
-        if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        out[name] = kind
-    return out
+    return {k: v for k, v in run_flags.flag_types().items() if k not in NOT_SWEEPABLE}
 
 
-@functools.cache
-@typing.no_type_check
 def engine_flags() -> frozenset[str]:
     """The run flags that configure engine_ref (its help panel): a server's own."""
-    from ..cli.run import ENGINE
-
-    out = set()
-    for name, hint in _run_hints().items():
-        for meta in getattr(hint, "__metadata__", ()):
-            if getattr(meta, "rich_help_panel", None) == ENGINE:
-                out.add(name)
-    return frozenset(out)
+    return run_flags.engine_flags()
 
 
 def check_target_flags(flags, target: str | None) -> None:

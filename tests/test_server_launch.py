@@ -186,9 +186,9 @@ def test_launch_perfdiag_serve_end_to_end(tmp_path, started):
     assert len(run.requests) == 4
     assert [_gone(p.pid) for p in started] == [True]
     # --like of a target run: no engine section recorded, the engine's defaults
-    from perfdiag.cli.run import _like_options
+    from perfdiag.probes.run_flag_options import like_options
 
-    like = _like_options(tmp_path / "run")
+    like = like_options(tmp_path / "run")
     assert like.workload.requests == 4 and like.engine == RunOptions().engine
 
 
