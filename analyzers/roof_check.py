@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .ceilings import MEASURED, Ceilings
+from ..hardware.ceilings import MEASURED, Ceilings
 
 # Other processes holding this share of the machine's cores during calibration make its
 # figures suspect (host.py's OTHERS_PRESENT_SHARE: 0.25 cores of 2, 12 of 96).

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..hardware.ceilings import Ceilings, named, resolve
 from ..traces.reader import Run
-from .ceilings import Ceilings, named, resolve
 from .jit_compile import compiled_launches
 from .model_flops import ModelShape, StepShape, for_weight_format, step_totals
 from .run_config import section

@@ -13,7 +13,7 @@ through both regimes and prices a slice of a prompt many times too high on a GPU
 Two forms, both fitted robustly (Huber, as the additive fit) with the roof each step
 sits under found by alternation (assign each step to the larger roof, refit, repeat;
 several starting ridges, the lowest Huber loss kept):
-- `physics`: the run records its model and the device's ceilings (analyzers/ceilings.py
+- `physics`: the run records its model and the device's ceilings (hardware/ceilings.py
   `resolve`, measured by `perfdiag calibrate`). FLOPs and bytes per step come from
   model_flops; the fit keeps four numbers: overhead, a cost per prompt chunk, and the
   inverse efficiency of each roof: dur ≈ o + s·chunks + max(bytes/bw / e_m, FLOPs/peak / e_c).
@@ -174,7 +174,7 @@ def hardware_of(run, ceilings_dir=None) -> Hardware | None:
     """The run's model shape and its device's ceilings (measured first: ceilings.resolve),
     or None when the run does not record a model config that describes a model."""
     from ..errors import ConfigError
-    from .ceilings import resolve
+    from ..hardware.ceilings import resolve
     from .model_flops import for_weight_format
     from .roofline import _run_dtype, find_model_config, run_device, run_gpu
 

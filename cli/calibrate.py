@@ -30,8 +30,8 @@ def calibrate(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Measure matmul FLOP/s (per dtype) and copy bandwidth on the CPU and each GPU."""
-    from ..analyzers.ceilings import datasheet_for, save_measured
     from ..errors import ConfigError
+    from ..hardware.ceilings import datasheet_for, save_measured
     from ..probes.calibrate import CalibrationPlan, calibrate, others_load
 
     try:

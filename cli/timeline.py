@@ -67,7 +67,7 @@ def timeline(
     check_top(top)
     check_ceilings_dir(ceilings_dir)
     if hardware is not None:
-        from ..analyzers.ceilings import named
+        from ..hardware.ceilings import named
 
         named(hardware)  # an unknown name is an error before any work
     run, profile = _server_trace(run)

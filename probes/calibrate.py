@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from ..analyzers.ceilings import MEASURED, Ceilings
+from ..hardware.ceilings import MEASURED, Ceilings
 from .cpu_load import LoadMeter, OthersLoad
 
 CPU_DTYPES = ("float32", "bfloat16")

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from perfdiag.analyzers.ceilings import MEASURED, load_measured, resolve
 from perfdiag.analyzers.roofline import roofline_report
+from perfdiag.hardware.ceilings import MEASURED, load_measured, resolve
 from perfdiag.probes.calibrate import CalibrationPlan, calibrate
 from perfdiag.traces.reader import load_run
 from perfdiag.traces.schema import Span, Step

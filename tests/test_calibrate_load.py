@@ -13,8 +13,8 @@ import time
 import pandas as pd
 import pytest
 
-from perfdiag.analyzers.ceilings import DATASHEET, MEASURED, Ceilings
 from perfdiag.analyzers.roof_check import over_roof_note
+from perfdiag.hardware.ceilings import DATASHEET, MEASURED, Ceilings
 from perfdiag.probes.calibrate import CalibrationPlan, calibrate, others_load
 from perfdiag.probes.cpu_load import LoadMeter, OthersLoad
 
@@ -85,7 +85,7 @@ def test_steps_above_their_roof_say_the_ceilings_look_low():
 def test_timeline_says_so_beside_the_roofline(tmp_path, cli):
     from test_calibrate import _run_with_model
 
-    from perfdiag.analyzers.ceilings import save_measured
+    from perfdiag.hardware.ceilings import save_measured
 
     low = _ceilings(others=1.2)
     low = Ceilings("cpu", {"float32": 1e3}, 1e3, MEASURED, "test", low.details)  # far too low

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from perfdiag.analyzers.ceilings import datasheet_for, named, resolve
 from perfdiag.errors import ConfigError
+from perfdiag.hardware.ceilings import datasheet_for, named, resolve
 
 KINETO = Path(__file__).resolve().parent / "data" / "kineto"  # real traces, as in conftest.py
 GB = 10**9

@@ -20,7 +20,7 @@ HEAVY = ("torch", "triton", "textual", "aiohttp")
             "perfdiag.analyzers.report",
             "perfdiag.analyzers.roofline",
             "perfdiag.analyzers.model_flops",
-            "perfdiag.analyzers.ceilings",
+            "perfdiag.hardware.ceilings",
             "perfdiag.traces.importers.kineto",
         ],
         ["perfdiag.analyzers.serving", "perfdiag.cli.analyze"],

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from perfdiag.analyzers.ceilings import resolve
 from perfdiag.engine_ref.kernels import bench
 from perfdiag.engine_ref.kernels._common import interpreting
+from perfdiag.hardware.ceilings import resolve
 
 
 @pytest.mark.skipif(not interpreting(), reason="needs TRITON_INTERPRET=1")

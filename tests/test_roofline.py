@@ -5,7 +5,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfdiag.analyzers.ceilings import DATASHEET, Ceilings, datasheet_for, resolve
 from perfdiag.analyzers.model_flops import (
     MATMUL_OPS,
     ModelShape,
@@ -14,6 +13,7 @@ from perfdiag.analyzers.model_flops import (
     step_totals,
 )
 from perfdiag.analyzers.roofline import position, step_shapes
+from perfdiag.hardware.ceilings import DATASHEET, Ceilings, datasheet_for, resolve
 
 TINY = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -191,7 +191,7 @@ def bench_graphs(device="cuda", dtype="bfloat16", preset="small", steps=64) -> d
 
 
 def main(argv=None) -> None:
-    from ...analyzers.ceilings import resolve
+    from ...hardware.ceilings import resolve
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")

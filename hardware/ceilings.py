@@ -1,10 +1,10 @@
-"""Device ceilings for the roofline: datasheet peaks (hardware.yaml) and the figures
+"""Device ceilings for the roofline: datasheet peaks (datasheets.yaml) and the figures
 `perfdiag calibrate` measured, stored as JSON per host under a ceilings directory
 (`--ceilings-dir`, else $PERFDIAG_CEILINGS_DIR, else ~/.cache/perfdiag/ceilings).
 
 `resolve(device, gpu=…)` prefers a measured entry for that device (this host's first),
 then the datasheet entry that fits the device's name (and, where the name does not say,
-its recorded memory and SM/CU count: hardware.yaml says how), then a generic GPU for any
+its recorded memory and SM/CU count: datasheets.yaml says how), then a generic GPU for any
 other GPU and the generic CPU for the CPU: a GPU is never judged against a CPU ceiling.
 `named(NAME)` is the CLI's `--hardware NAME`: an entry by its name, or any device name
 the datasheets recognise.
@@ -78,7 +78,7 @@ class Datasheet:
 
 @cache
 def datasheets() -> tuple[Datasheet, ...]:
-    text = resources.files(__package__).joinpath("hardware.yaml").read_text()
+    text = resources.files(__package__).joinpath("datasheets.yaml").read_text()
     entries = []
     for d in yaml.safe_load(text)["devices"]:
         c = Ceilings(
