@@ -13,6 +13,8 @@ from perfdiag.engine_ref import (
     RecordingObserver,
     SamplingParams,
     SchedulerConfig,
+    engine_intake,
+    engine_records,
 )
 from perfdiag.engine_ref import RequestEventKind as K
 from perfdiag.engine_ref import engine as engine_mod
@@ -59,7 +61,8 @@ def fake_clock(monkeypatch):
     def monotonic_ns() -> int:
         return now[0]
 
-    monkeypatch.setattr(engine_mod, "time", types.SimpleNamespace(monotonic_ns=monotonic_ns))
+    for mod in (engine_mod, engine_intake, engine_records):  # each reads the engine's clock
+        monkeypatch.setattr(mod, "time", types.SimpleNamespace(monotonic_ns=monotonic_ns))
     return now
 
 

@@ -13,6 +13,8 @@ from perfdiag.engine_ref import (
     SamplingParams,
     SchedulerConfig,
     StepPhase,
+    engine_intake,
+    engine_records,
 )
 from perfdiag.engine_ref import RequestEventKind as K
 from perfdiag.engine_ref import engine as engine_mod
@@ -124,7 +126,8 @@ def test_no_observer_costs_no_clock_reads(monkeypatch):
         calls[0] += 1
         return 10**12 + calls[0]
 
-    monkeypatch.setattr(engine_mod, "time", types.SimpleNamespace(monotonic_ns=monotonic_ns))
+    for mod in (engine_mod, engine_intake, engine_records):  # each reads the engine's clock
+        monkeypatch.setattr(mod, "time", types.SimpleNamespace(monotonic_ns=monotonic_ns))
     engine = LLMEngine(tiny_config())
     items = workload(n=6, seed=1)
     res = run(engine, items)
