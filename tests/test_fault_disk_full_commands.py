@@ -144,6 +144,7 @@ def test_every_writing_command_on_a_real_full_disk(full_disk, cli):
         ("timeline", run),
         ("analyze", run),
         ("report", run),
+        ("export", run, "-f", "chrome"),
         ("import", KINETO, "--out", full_disk / "imp"),
         (*RUN_ARGS, "--out", full_disk / "new"),
     ]

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ...errors import PerfdiagError
+from ..storage_errors import storage_error
 
 EXPORTS_DIR = "exports"
 
@@ -37,14 +38,14 @@ def atomic_file(target: Path, mode: str = "wb") -> Iterator:
         target.parent.mkdir(parents=True, exist_ok=True)
         f = open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"}))  # noqa: SIM115
     except OSError as e:
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
+        raise _write_error(target, e) from None
     try:
         with f:
             yield f
         os.replace(tmp, target)
     except OSError as e:
         _remove(tmp)
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
+        raise _write_error(target, e) from None
     except BaseException:
         _remove(tmp)
         raise
@@ -62,7 +63,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     except OSError as e:
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
+        raise _write_error(target, e) from None
     try:
         yield tmp
         if target.exists():
@@ -70,7 +71,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         os.replace(tmp, target)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
+        raise _write_error(target, e) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -79,3 +80,10 @@ def atomic_dir(target: Path) -> Iterator[Path]:
 def _remove(path: Path) -> None:
     with contextlib.suppress(OSError):
         path.unlink()
+
+
+def _write_error(target: Path, e: OSError) -> PerfdiagError:
+    """One line naming the path; a full or read-only disk says so in those words."""
+    return storage_error(target, e, "nothing was written") or ExportError(
+        f"cannot write {target}: {e.strerror or e}"
+    )
