@@ -56,12 +56,11 @@ def waits(
     calls = np.flatnonzero(last)
     if not len(calls):
         return out
-    names = seg["name"].to_numpy(object)[calls]
     rows = span[calls]
     s = df["start_ns"].to_numpy(np.int64)[rows]  # the whole call, not its last segment
     e = df["end_ns"].to_numpy(np.int64)[rows]
     corr = df["correlation"].astype("float64").to_numpy()[rows]
-    name_s = pd.Series(names, dtype=object).astype(str).astype("category")
+    name_s = seg["name"].iloc[calls].reset_index(drop=True)  # categorical: rules per name
     copy = pattern_mask(name_s, _COPY_CALL)
     sync = pattern_mask(name_s, _SYNCHRONIZE)
     found = [_copy_waits(calls, s, e, corr, copy, pattern_mask(name_s, _ASYNC), gpu),
@@ -83,9 +82,7 @@ def _copy_waits(calls, s, e, corr, copy, is_async, gpu):
     op = by_corr.reindex(corr[ok]).to_numpy()
     idx = np.flatnonzero(ok)[~np.isnan(op)]
     op = op[~np.isnan(op)].astype(np.int64)
-    op_name = (
-        pd.Series(gpu["name"].to_numpy(object)[op], dtype=object).astype(str).astype("category")
-    )
+    op_name = gpu["name"].iloc[op].reset_index(drop=True)
     pageable = pattern_mask(op_name, _PAGEABLE)
     d2d = pattern_mask(op_name, _DEVICE_TO_DEVICE)
     blocks = np.where(is_async[idx], pageable, ~d2d)

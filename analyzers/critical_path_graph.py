@@ -82,7 +82,7 @@ def build(df: pd.DataFrame) -> Graph:
     starts = np.r_[seg["start"].to_numpy(np.int64), gpu["start"].to_numpy(np.int64)]
     ends = np.r_[seg["end"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)]
     time[0:src:2], time[1:src:2], time[src] = starts, ends, t0
-    preds = np.full((src + 1, 3), -1, np.int64)
+    preds = np.full((src + 1, 3), -1, np.int32 if src < 2**31 else np.int64)
     weights = np.zeros((src + 1, 3), np.int64)
     kinds = np.full((src + 1, 3), START, np.int8)
 
@@ -105,8 +105,9 @@ def build(df: pd.DataFrame) -> Graph:
 
     binding = _binding(time, preds, kinds)
     _settle_weights(time, preds, weights, kinds, binding)
-    name = np.r_[seg["name"].to_numpy(object), gpu["name"].to_numpy(object)]
-    resource = np.r_[seg["resource"].to_numpy(object), gpu["resource"].to_numpy(object)]
+    every = slice(None)
+    name = np.r_[_names(seg["name"], every), _names(gpu["name"], every)]
+    resource = np.r_[_names(seg["resource"], every), _names(gpu["resource"], every)]
     return Graph(time, preds, weights, kinds, binding, name, cls, resource, blocking, n_cpu,
                  _topological(time, preds))  # fmt: skip
 
@@ -134,7 +135,7 @@ def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
                              "resource": pd.Series(dtype=object),
                              "pid": pd.Series(dtype="float64")})  # fmt: skip
     pos = seg["span"].to_numpy()
-    seg["name"] = df["name"].to_numpy(object)[pos]
+    seg["name"] = _categorical(df["name"], pos)
     seg["cls"] = df["cls"].to_numpy()[pos]
     pid = df["pid"].astype("float64").to_numpy()[pos]
     seg["pid"] = np.nan_to_num(pid, nan=-1.0)
@@ -142,8 +143,26 @@ def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
     thread = seg["thread"].to_numpy()  # segments come thread by thread: one name each
     first = np.r_[True, thread[1:] != thread[:-1]]
     names = [f"pid {_id(a)} tid {_id(b)}" for a, b in zip(pid[first], tid[first], strict=True)]
-    seg["resource"] = np.asarray(names, dtype=object)[np.cumsum(first) - 1]
+    uniq, code = np.unique(np.asarray(names, dtype=object), return_inverse=True)
+    seg["resource"] = pd.Categorical.from_codes(code[np.cumsum(first) - 1], uniq)
     return seg
+
+
+def _categorical(col: pd.Series, rows: np.ndarray):
+    """These rows of a name column, kept categorical: a DataFrame column of str objects
+    becomes an Arrow string column, and each later `to_numpy` a new str per row."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        col = col.astype("category")
+    return pd.Categorical.from_codes(col.cat.codes.to_numpy()[rows], dtype=col.dtype)
+
+
+def _names(col: pd.Series, rows) -> np.ndarray:
+    """Names of these rows, each distinct name one shared str (a categorical's categories):
+    not a new str per row, which at 400k spans is tens of MB."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        return col.to_numpy(object)[rows]
+    cats = np.r_[np.asarray(col.cat.categories, dtype=object), np.asarray([""], dtype=object)]
+    return cats[col.cat.codes.to_numpy()[rows]]  # code -1 (missing) → ""
 
 
 def _id(v: float) -> str:
@@ -196,7 +215,7 @@ def _gpu_ops(df: pd.DataFrame) -> pd.DataFrame:
         {
             "start": df["start_ns"].to_numpy(np.int64)[on],
             "end": df["end_ns"].to_numpy(np.int64)[on],
-            "name": df["name"].to_numpy(object)[on],
+            "name": _categorical(df["name"], on),
             "cls": df["cls"].to_numpy()[on],
             "device": df["device"].astype("float64").fillna(-1).to_numpy()[on],
             "stream": df["stream"].astype("float64").fillna(-1).to_numpy()[on],
@@ -206,7 +225,7 @@ def _gpu_ops(df: pd.DataFrame) -> pd.DataFrame:
     f = f.sort_values(["device", "stream", "start"], kind="stable", ignore_index=True)
     d = f["device"].astype("int64").astype(str).to_numpy(object)
     s = f["stream"].astype("int64").astype(str).to_numpy(object)
-    f["resource"] = "gpu " + d + " stream " + s
+    f["resource"] = pd.Series("gpu " + d + " stream " + s, dtype="category")
     return f
 
 
@@ -313,67 +332,87 @@ def _launch_segments(df, seg, gpu) -> np.ndarray:
 
 
 def _binding(time, preds, kinds) -> np.ndarray:
-    """Per node, the predecessor it waited on last (ties: its own chain, column 0)."""
-    has = preds >= 0
-    at = np.where(has, time[np.maximum(preds, 0)], np.iinfo(np.int64).min)
-    binding = np.argmax(at, axis=1)
-    binding[~has.any(axis=1)] = -1
+    """Per node, the predecessor it waited on last (ties: its own chain, column 0).
+    Column by column: no (nodes, 3) temporaries (a 400k-span trace has ~1M nodes)."""
+    low = np.iinfo(np.int64).min
+    best = np.full(len(time), low, np.int64)
+    binding = np.full(len(time), -1, np.int8)
+    for c in range(3):
+        at = _pred_time(time, preds[:, c], low)
+        later = at > best  # strictly: a tie stays with the lower column
+        best[later] = at[later]
+        binding[later] = c
     # A tie with the trace's start goes to the real edge (a launch at the first instant).
-    rows = np.arange(len(time))
-    chosen = at[rows, np.maximum(binding, 0)]
-    real = has & (kinds != START) & (at == chosen[:, None])
-    tie = (binding >= 0) & (kinds[rows, np.maximum(binding, 0)] == START) & real.any(axis=1)
-    binding[tie] = np.argmax(real[tie], axis=1)
+    rows = np.flatnonzero(binding >= 0)
+    tie = rows[kinds[rows, binding[rows]] == START]
+    for c in range(3):
+        p = preds[tie, c]
+        real = (p >= 0) & (kinds[tie, c] != START) & (time[np.maximum(p, 0)] == best[tie])
+        binding[tie[real]] = c
+        tie = tie[~real]
     return binding
+
+
+def _pred_time(time, pred, missing) -> np.ndarray:
+    return np.where(pred >= 0, time[np.maximum(pred, 0)], missing)
 
 
 def _settle_weights(time, preds, weights, kinds, binding) -> None:
     """Binding edges weigh the observed gap; the others at most their observed gap: a
     stream or launch edge the rank's typical (median binding) gap of its kind, a sync
     call's own duration its return latency, a thread's own gap while it was woken by
-    another the rank's typical host gap."""
-    has = preds >= 0
-    observed = np.where(has, time[:, None] - time[np.maximum(preds, 0)], 0)
-    observed = np.maximum(observed, 0)
-    rows = np.arange(len(time))
-    bound = np.zeros_like(has)
-    ok = binding >= 0
-    bound[rows[ok], binding[ok]] = True
-    weights[:] = np.where(bound, observed, weights)
+    another the rank's typical host gap. Column by column, as `_binding`."""
+    typical = {}
     for kind in (GPU_GAP, LAUNCH, HOST_GAP):
-        of_kind = kinds == kind
-        typical = observed[of_kind & bound]
-        if not len(typical) and kind == LAUNCH:
-            typical = observed[of_kind & has]
-        t = int(np.median(typical)) if len(typical) else 0
-        loose = of_kind & has & ~bound
-        weights[loose] = np.minimum(observed[loose], t)
-    weights[(kinds == START) & has & ~bound] = 0  # the trace's start holds back no one
-    loose = has & ~bound & ~np.isin(kinds, (GPU_GAP, LAUNCH, HOST_GAP, START))
-    # a duration edge (a sync call waited out by the GPU): at most the call's return
-    # latency, i.e. what it took after the GPU was done
-    ret = np.where(bound, observed, 0).max(axis=1)
-    dur = loose & np.isin(kinds, (DUR_CPU, DUR_API))
-    weights[dur] = np.minimum(observed[dur], np.broadcast_to(ret[:, None], observed.shape)[dur])
-    rest = loose & ~dur
-    weights[rest] = observed[rest]
+        on, near = [], []
+        for c in range(3):
+            of_kind = (kinds[:, c] == kind) & (preds[:, c] >= 0)
+            rows = np.flatnonzero(of_kind)
+            obs = np.maximum(time[rows] - time[preds[rows, c]], 0)
+            on.append(obs[binding[rows] == c])
+            near.append(obs)
+        bound = np.concatenate(on)
+        if not len(bound) and kind == LAUNCH:
+            bound = np.concatenate(near)
+        typical[kind] = int(np.median(bound)) if len(bound) else 0
+    ok = binding >= 0
+    # a blocking call's own duration (waited out by the device): at most its return
+    # latency, what it took after the device was done (its binding edge's gap)
+    ret = np.zeros(len(time), np.int64)
+    rows = np.flatnonzero(ok)
+    b = binding[rows].astype(np.int64)
+    ret[rows] = np.maximum(time[rows] - time[preds[rows, b]], 0)
+    for c in range(3):
+        rows = np.flatnonzero(preds[:, c] >= 0)
+        obs = np.maximum(time[rows] - time[preds[rows, c]], 0)
+        kind = kinds[rows, c]
+        w = obs.copy()  # binding edges and the kinds not named below: the observed gap
+        loose = binding[rows] != c
+        for k, t in typical.items():
+            sel = loose & (kind == k)
+            w[sel] = np.minimum(obs[sel], t)
+        w[loose & (kind == START)] = 0  # the trace's start holds back no one
+        dur = loose & ((kind == DUR_CPU) | (kind == DUR_API))
+        w[dur] = np.minimum(obs[dur], ret[rows[dur]])
+        weights[rows, c] = w
 
 
 def _topological(time, preds) -> np.ndarray:
     """Nodes in time order, ties broken by the depth of chains of equal-time edges (a
     zero-length segment's start and end, a segment starting where the last ended)."""
-    depth = np.zeros(len(time), np.int64)
-    has = preds >= 0
-    p = np.maximum(preds, 0)
-    same = has & (time[p] == time[:, None])
+    same = np.zeros(preds.shape, bool)
+    for c in range(3):
+        p = preds[:, c]
+        same[:, c] = (p >= 0) & (time[np.maximum(p, 0)] == time)
     rows = np.flatnonzero(same.any(axis=1))  # only these can have a depth
-    same, p = same[rows], p[rows]
+    same, p = same[rows], np.maximum(preds[rows], 0)
+    depth = np.zeros(len(time), np.int64)
     for _ in range(len(rows)):
         new = np.where(same, depth[p] + 1, 0).max(axis=1)
         if np.array_equal(new, depth[rows]):
             break
         depth[rows] = new
-    return np.lexsort((depth, time))
+    return np.lexsort((depth, time)).astype(np.int32 if len(time) < 2**31 else np.int64)
 
 
 def replay(g: Graph, weights: np.ndarray | None = None) -> np.ndarray:
