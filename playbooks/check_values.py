@@ -109,9 +109,9 @@ PARAM_WORDS = {
     "launch_delay": "for late launches",
     "host_bound": "for a busy host",
     "no_work": "with no work",
-    "unlinked": "for unknown reasons",
     "dependency": "waiting on a dependency",
     "unexplained": "for no cause the trace shows",
+    "unlinked": "for unknown reasons",
     # exposed work
     "comm": "communication",
     "copy": "copies",
