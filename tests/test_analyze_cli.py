@@ -60,8 +60,9 @@ def test_a_run_without_requests_still_gets_what_it_can(tmp_path):
     for name in ("requests", "request_events", "steps"):
         parquet_path(path, name).unlink()
     text = analyze(path)
-    assert "metrics: not available, the run lacks requests, request_events" in text
-    assert "scheduler: not available, the run lacks steps" in text
+    # a bare trace: the serving steps do not apply (said once), nor is data said missing
+    assert "not applicable to a profiler trace without requests" in text
+    assert "the run lacks requests" not in text
     data = json.loads(analyze(path, "--json"))
     assert data["metrics"] == {"missing": ["requests", "request_events"]}
     assert data["composition"] == {"missing": ["steps"]}
