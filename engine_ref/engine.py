@@ -117,7 +117,8 @@ class LLMEngine(RequestIntake, StepRecords):
                                           config.expert_placement)  # fmt: skip
 
     def _start_tensor_parallel(self, num_blocks: int, num_cpu: int) -> None:
-        from .parallel import TensorParallel, TPKVCache, local_model_config, shard_model
+        from .parallel import TensorParallel, TPKVCache
+        from .parallel_shard import local_model_config, shard_model
 
         config = self.config
         tp = config.tensor_parallel_size

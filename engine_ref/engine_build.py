@@ -49,7 +49,7 @@ def local_kv_blocks(config: EngineConfig) -> tuple[int, int]:
     holding its share of the KV heads (all of them without tensor parallelism)."""
     cc, mcfg = config.cache, config.model
     if config.tensor_parallel_size > 1:
-        from .parallel import local_model_config
+        from .parallel_shard import local_model_config
 
         mcfg = local_model_config(mcfg, config.tensor_parallel_size)
     num_blocks = cc.num_gpu_blocks or num_blocks_for_bytes(

@@ -3,7 +3,7 @@
 `EngineConfig(tensor_parallel_size=N)` makes the engine (rank 0, this process) spawn N-1
 worker processes. They meet over a TCP store on 127.0.0.1 (gloo on the CPU, NCCL on CUDA
 for the model's all-reduces; plans always go over a gloo group). Every rank builds the full
-model, then keeps its shard (`shard_model`, Megatron's split):
+model, then keeps its shard (parallel_shard.py's `shard_model`, Megatron's split):
 
 - column-parallel: the fused q/k/v rows of its query and KV heads (num_heads / N and
   num_kv_heads / N each), the gate and up rows of its intermediate columns;
@@ -35,15 +35,10 @@ SIGINT (rank 0 handles Ctrl-C and stops them) and die with rank 0 (PR_SET_PDEATH
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import dataclasses
 import os
-import resource
-import signal
 import socket
 import sys
 import time
-import traceback
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -53,7 +48,8 @@ from ..errors import ConfigError
 from .hooks import CollectiveEvent, RankStepEvent
 from .kv_cache import KVCache
 from .model_runner import ModelInput, ModelRunner, StepPlan
-from .moe import SparseMoeBlock, placement
+from .moe import placement
+from .parallel_shard import TPComm
 
 # The best round trip bounds the clock offset: more rounds, a tighter bound on a busy host.
 PING_ROUNDS = 32
@@ -64,105 +60,6 @@ class ClockSync(NamedTuple):
     rank: int
     offset_ns: int  # worker clock − rank 0's clock
     uncertainty_ns: int  # half the best round trip
-
-
-def local_model_config(cfg, tp: int):
-    """The model config of one rank's shard (heads and intermediate size divided)."""
-    return dataclasses.replace(
-        cfg,
-        num_heads=cfg.num_heads // tp,
-        num_kv_heads=cfg.num_kv_heads // tp,
-        # a MoE model has no dense MLP: its experts are placed, not split (shard_moe)
-        intermediate_size=cfg.intermediate_size // (1 if cfg.is_moe else tp),
-        head_dim=cfg.head_dim,
-    )
-
-
-class TPComm:
-    """The model's all-reduces on one rank, each timed on the host."""
-
-    def __init__(self, group, rank: int, world: int) -> None:
-        import torch.distributed as dist
-
-        self._all_reduce = dist.all_reduce
-        self.group = group
-        self.rank = rank
-        self.world = world
-        # name, bytes, start, end, and the process's CPU time inside the call (the host
-        # checks judge the CPU a rank got outside its collectives, where it computes)
-        self.records: list[tuple[str, int, int, int, int]] = []
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        t0, c0 = time.monotonic_ns(), time.process_time_ns()
-        self._all_reduce(x, group=self.group)
-        t1, c1 = time.monotonic_ns(), time.process_time_ns()
-        self.records.append(("all_reduce", x.numel() * x.element_size(), t0, t1, c1 - c0))
-        return x
-
-    def take(self) -> list[tuple[str, int, int, int, int]]:
-        out, self.records = self.records, []
-        return out
-
-
-@torch.no_grad()
-def shard_model(model, rank: int, tp: int, comm: TPComm | None,
-                experts: tuple[int, ...] = ()) -> None:  # fmt: skip
-    """Keep rank `rank`'s shard of every layer's weights, in place (`experts`: the expert
-    placement, expert → rank; empty: contiguous)."""
-    cfg = model.config
-    h, kvh, d = cfg.num_heads // tp, cfg.num_kv_heads // tp, cfg.head_dim
-    inter = cfg.intermediate_size // tp
-    for layer in model.layers:
-        a, m = layer.self_attn, layer.mlp
-        q_rows = slice(rank * h * d, (rank + 1) * h * d)
-        k0 = cfg.num_heads * d
-        v0 = k0 + cfg.num_kv_heads * d
-        kv = slice(rank * kvh * d, (rank + 1) * kvh * d)
-        rows = torch.cat(
-            [torch.arange(cfg.num_heads * d)[q_rows],
-             torch.arange(k0, v0)[kv], torch.arange(v0, v0 + cfg.num_kv_heads * d)[kv]]
-        )  # fmt: skip
-        _set(a.qkv_proj, "weight", a.qkv_proj.weight[rows])
-        if a.qkv_proj.bias is not None:
-            _set(a.qkv_proj, "bias", a.qkv_proj.bias[rows])
-        _set(a.o_proj, "weight", a.o_proj.weight[:, q_rows])
-        if a.o_proj.bias is not None and rank != 0:  # added once, by rank 0's partial sum
-            _set(a.o_proj, "bias", torch.zeros_like(a.o_proj.bias))
-        a.num_heads, a.num_kv_heads = h, kvh
-        a.q_size, a.kv_size = h * d, kvh * d
-        if isinstance(m, SparseMoeBlock):
-            shard_moe(m, rank, tp, placement(m.num_experts, tp, experts))
-            a.comm = m.comm = comm
-            continue
-        cols = slice(rank * inter, (rank + 1) * inter)
-        gate_up = m.gate_up_proj.weight
-        i = cfg.intermediate_size
-        _set(m.gate_up_proj, "weight", torch.cat([gate_up[:i][cols], gate_up[i:][cols]]))
-        _set(m.down_proj, "weight", m.down_proj.weight[:, cols])
-        a.comm = m.comm = comm
-
-
-@torch.no_grad()
-def shard_moe(m: SparseMoeBlock, rank: int, tp: int, where: list[int]) -> None:
-    """Expert parallelism: keep the experts `where` (expert → rank) gives this rank (the
-    router stays whole: every rank routes every token) and its column/row share of the
-    shared expert, whose partial output joins the experts' in the block's one all_reduce."""
-    m.local_experts = [e for e, r in enumerate(where) if r == rank]
-    ids = torch.tensor(m.local_experts, dtype=torch.long)
-    ex = m.experts
-    _set(ex, "gate_up_proj", ex.gate_up_proj[ids])
-    _set(ex, "down_proj", ex.down_proj[ids])
-    if m.shared_expert is not None:
-        s = m.shared_expert
-        i = s.down_proj.weight.shape[1]
-        cols = slice(rank * i // tp, (rank + 1) * i // tp)
-        gate_up = s.gate_up_proj.weight
-        _set(s.gate_up_proj, "weight", torch.cat([gate_up[:i][cols], gate_up[i:][cols]]))
-        _set(s.down_proj, "weight", s.down_proj.weight[:, cols])
-
-
-def _set(module, name: str, value: torch.Tensor) -> None:
-    setattr(module, name, torch.nn.Parameter(value.contiguous(), requires_grad=False))
 
 
 class TPKVCache(KVCache):
@@ -199,7 +96,7 @@ def _threads_per_rank(tp: int) -> int:
 class TensorParallel:
     """Rank 0's side: the workers, the groups, the plan broadcast and the records.
 
-    Workers are `python -m perfdiag.engine_ref.parallel` subprocesses (not multiprocessing's
+    Workers are `python -m perfdiag.engine_ref.parallel_worker` subprocesses (not multiprocessing's
     spawn, which re-imports the parent's __main__): each connects back to a local
     `multiprocessing.connection` listener (random authkey), receives its rank and the
     config there, and sends its records and its error, if any, on that connection."""
@@ -232,7 +129,7 @@ class TensorParallel:
             with Listener(("127.0.0.1", 0), authkey=key) as listener:
                 for _ in range(1, tp):
                     self.procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "perfdiag.engine_ref.parallel",
+                        [sys.executable, "-m", "perfdiag.engine_ref.parallel_worker",
                          str(listener.address[1])],
                         stdin=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                     ))  # fmt: skip
@@ -445,91 +342,3 @@ class TPModelRunner(ModelRunner):
             raise self.tp.failed(e) from e
         self.tp.step_done()
         return out
-
-
-# ---- a worker ------------------------------------------------------------------------------
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # rank 0 died before the call above
-        os._exit(1)
-
-
-def _involuntary_switches() -> int:
-    """How often the kernel has taken a core from this process (host contention)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
-
-
-def worker_main(port: int) -> None:
-    """A worker process: `python -m perfdiag.engine_ref.parallel PORT`, authkey on stdin."""
-    from multiprocessing.connection import Client
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 handles Ctrl-C and stops us
-    key = bytes.fromhex(sys.stdin.readline().strip())
-    conn = Client(("127.0.0.1", port), authkey=key)
-    rank, tp, dist_port, config, parent_pid = conn.recv()
-    _die_with_parent(parent_pid)
-    try:
-        _worker(rank, tp, dist_port, config, conn)
-    except BaseException:  # reported to rank 0, then exit non-zero
-        with contextlib.suppress(Exception):
-            last = traceback.format_exc().strip().splitlines()[-1]
-            conn.send(f"tensor-parallel rank {rank} failed: {last}")
-        os._exit(1)
-    conn.send("done")
-    conn.close()
-
-
-def _worker(rank, tp, port, config, conn) -> None:
-    import torch.distributed as dist
-
-    from .engine import build_model, local_kv_blocks
-
-    torch.set_num_threads(_threads_per_rank(tp))
-    device = torch.device(config.device)
-    if device.type == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        config = dataclasses.replace(config, device=str(device))
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=tp, timeout=timedelta(seconds=START_TIMEOUT_S))  # fmt: skip
-    objects = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
-    buf = torch.zeros(1, dtype=torch.int64)
-    for _ in range(PING_ROUNDS):
-        dist.recv(buf, src=0, group=objects)
-        dist.send(torch.tensor([time.monotonic_ns()]), dst=0, group=objects)
-    dist.recv(buf, src=0, group=objects)
-    offset = int(buf.item())
-    comm = TPComm(dist.group.WORLD, rank, tp)
-    model = build_model(config)
-    shard_model(model, rank, tp, comm, config.expert_placement)
-    local_cfg = local_model_config(config.model, tp)
-    num_blocks, num_cpu = local_kv_blocks(config)
-    kv = KVCache(local_cfg, num_blocks, config.cache.block_size, num_cpu, device, config.dtype)
-    runner = ModelRunner(model, kv, config.cache.block_size, sampler=None)
-    while True:
-        msg = [None]
-        dist.broadcast_object_list(msg, src=0, group=objects)
-        if msg[0] is None:
-            break
-        step_id, plan, swaps = msg[0]
-        t0, cpu0, sw0 = time.monotonic_ns(), time.process_time_ns(), _involuntary_switches()
-        _apply_swaps(kv, swaps)
-        inp = runner.build(plan)
-        with torch.inference_mode():
-            model(inp.input_ids, inp.positions, kv.layers, inp.meta)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t1, cpu1, sw1 = time.monotonic_ns(), time.process_time_ns(), _involuntary_switches()
-        colls = [CollectiveEvent(rank, step_id, n, "tp", b, s - offset, e - offset, i, c)
-                 for i, (n, b, s, e, c) in enumerate(comm.take())]  # fmt: skip
-        conn.send((colls, [RankStepEvent(rank, step_id, t0 - offset, t1 - offset, cpu1 - cpu0,
-                                         sw1 - sw0)]))  # fmt: skip
-    with contextlib.suppress(Exception):
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    worker_main(int(sys.argv[1]))
