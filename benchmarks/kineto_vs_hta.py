@@ -14,6 +14,13 @@ proportional set sizes (PSS: a page shared by two processes, as a fork's are, co
 half in each), sampled every 10 ms. The tree counts when a tool runs processes of its
 own: HTA's pool, perfdiag's helper that reads a large trace's tail.
 
+As the CLI is used (issue 36): whole processes, interleaved — HTA's `python -c` (its
+import and parse) against `perfdiag import TRACE -o RUN` then `perfdiag timeline RUN`
+(the critical path on, its default), each process's wall time from fork to exit
+(interpreter start and imports included) and its peak resident set (wait4's ru_maxrss:
+the largest process of its tree); the ratio per round and its median, beside the
+in-process figures, whose timeline now includes the critical path as `timeline` runs it.
+
     .venv/bin/python benchmarks/kineto_vs_hta.py [--rounds 3] [--repeat 6 15] [--decoders]
 """
 
@@ -72,15 +79,20 @@ t0 = time.perf_counter()
 from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.reader import load_run
 from perfdiag.analyzers.report import timeline_report
+from perfdiag.analyzers.critical_path import run_critical_path
 t1 = time.perf_counter()
 s = import_kineto([sys.argv[1]], sys.argv[2])
 t2 = time.perf_counter()
-rep = timeline_report(load_run(sys.argv[2]))
+run = load_run(sys.argv[2])
+rep = timeline_report(run)
 t3 = time.perf_counter()
+run_critical_path(run)  # as `perfdiag timeline` runs it (on by default)
+t4 = time.perf_counter()
 r = resource.getrusage
 meta = load_run(sys.argv[2]).manifest.extra["kineto"]["files"][0]
 assert meta["front_end"] == "fast", meta["front_end"]  # the fast front end read it
-print(json.dumps({"imports_s": t1 - t0, "import_s": t2 - t1, "timeline_s": t3 - t2,
+print(json.dumps({"imports_s": t1 - t0, "import_s": t2 - t1, "timeline_s": t4 - t2,
+                  "critical_path_s": t4 - t3,
                   "events": s.events, "spans": rep.spans, "workers": meta["workers"],
                   "rss_mb": hwm_mb(),
                   "children_rss_mb": r(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
@@ -236,6 +248,39 @@ def run_child(py, code: str, *args, tree: bool = False) -> dict:
     return result
 
 
+def run_process(argv: list, log: Path) -> tuple[float, float]:
+    """A whole process, as a user runs it: its wall time from fork to exit and its peak
+    resident set in MB (the largest process of its tree: wait4's ru_maxrss)."""
+    with open(log, "w") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen([str(a) for a in argv], stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        secs = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(map(str, argv[:4]))} failed: {log.read_text()[-2000:]}")
+    return secs, usage.ru_maxrss / 1024
+
+
+def compare_cli(trace: Path, hta_dir: Path, rounds: int, hta_py, tmp: Path) -> dict:
+    """HTA's parse against `perfdiag import` + `perfdiag timeline` (critical path on), each a
+    fresh process, interleaved round by round."""
+    log = tmp / "cli.log"
+    h, p, imp, tl = [], [], [], []
+    for r in range(rounds):
+        h.append(run_process([hta_py, "-c", HTA_CHILD, hta_dir], log))
+        run = tmp / f"cli-{trace.stem}-{r}"
+        imp.append(run_process([sys.executable, "-m", "perfdiag", "import", trace, "-o", run], log))
+        tl.append(run_process([sys.executable, "-m", "perfdiag", "timeline", run], log))
+        p.append(imp[-1][0] + tl[-1][0])
+    med = statistics.median
+    return {"hta_s": med(x[0] for x in h), "import_s": med(x[0] for x in imp),
+            "timeline_s": med(x[0] for x in tl), "total_s": med(p),
+            "paired": sorted(a[0] / b for a, b in zip(h, p, strict=True)),
+            "hta_mb": max(x[1] for x in h), "import_mb": max(x[1] for x in imp),
+            "timeline_mb": max(x[1] for x in tl)}  # fmt: skip
+
+
 def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
     hta_dir = tmp / f"hta-{trace.stem}"
     hta_dir.mkdir()
@@ -260,7 +305,9 @@ def compare(trace: Path, events: int, rounds: int, hta_py, tmp: Path) -> dict:
     pm = max(max(x["rss_mb"] for x in p), p_tree["tree_mb"])
     hc = max(x["children_rss_mb"] for x in h)
     pc = max(x["children_rss_mb"] for x in p)
+    cli = compare_cli(trace, hta_dir, rounds, hta_py, tmp)
     return {"trace": trace.name, "events": events, "hta_s": hs, "import_s": pi, "total_s": pt,
+            "critical_path_s": statistics.median(x["critical_path_s"] for x in p), "cli": cli,
             "paired": paired, "workers": sorted({x["workers"] for x in p}),
             "hta_mb": hm, "perfdiag_mb": pm, "hta_children_mb": hc,
             "perfdiag_children_mb": pc}  # fmt: skip
@@ -315,9 +362,25 @@ def main() -> None:
                  f"{r['perfdiag_children_mb']:.0f} MB)"
                  if r["hta_children_mb"] or r["perfdiag_children_mb"] else ""))  # fmt: skip
     print(
-        "speed-up: HTA's parse time / perfdiag's import alone, / import + timeline "
-        "(the target: 5x import + timeline, memory at most half HTA's)"
+        "speed-up: HTA's parse time / perfdiag's import alone, / import + timeline with its "
+        "critical path (the target: 5x import + timeline, memory at most half HTA's)"
     )
+    print("critical path alone (in process, median): "
+          + ", ".join(f"{r['trace']} {r['critical_path_s']:.2f} s" for r in rows))  # fmt: skip
+    print("\nas the CLI is used — whole processes, interleaved, imports included: HTA's "
+          "`python -c` (import + parse) / `perfdiag import` + `perfdiag timeline` (critical "
+          "path on); peak RSS of each process (its tree's largest)")  # fmt: skip
+    print(f"{'trace':<18} {'events':>9} {'HTA s':>7} {'import s':>8} {'timeline s':>10} "
+          f"{'CLI speed-up':>12} {'in-process':>10} {'HTA MB':>7} {'import MB':>9} "
+          f"{'timeline MB':>11}")  # fmt: skip
+    for r in rows:
+        c = r["cli"]
+        mem = max(c["import_mb"], c["timeline_mb"]) / c["hta_mb"]
+        print(f"{r['trace']:<18} {r['events']:>9,} {c['hta_s']:>7.2f} {c['import_s']:>8.2f} "
+              f"{c['timeline_s']:>10.2f} {c['hta_s'] / c['total_s']:>11.2f}x "
+              f"{r['hta_s'] / r['total_s']:>9.2f}x {c['hta_mb']:>7.0f} {c['import_mb']:>9.0f} "
+              f"{c['timeline_mb']:>11.0f}  rounds {', '.join(f'{x:.2f}' for x in c['paired'])}; "
+              f"memory {mem:.2f}x HTA's")  # fmt: skip
     print("import + timeline speed-up per round (HTA's parse / perfdiag's, run back to back):")
     for r in rows:
         ratios = r["paired"]
