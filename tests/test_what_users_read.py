@@ -10,7 +10,7 @@ import pytest
 import tui_runs
 from test_tui_app import settle
 
-from perfdiag.analyzers.compare import _workload_vars
+from perfdiag.analyzers.compare_config import _workload_vars
 from perfdiag.traces.reader import load_run
 from perfdiag.traces.writer import RUN_ID, RunWriter, new_run_id
 from perfdiag.tui.app import make_app
