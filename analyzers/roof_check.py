@@ -9,23 +9,11 @@ silently.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
+from ..hardware.calibration_load import busy_others
 from ..hardware.ceilings import MEASURED, Ceilings
-
-# Other processes holding this share of the machine's cores during calibration make its
-# figures suspect (host.py's OTHERS_PRESENT_SHARE: 0.25 cores of 2, 12 of 96).
-BUSY_OTHERS_SHARE = 0.125
-
-
-def busy_others(others_cores, cores) -> bool:
-    """Other processes held at least BUSY_OTHERS_SHARE of the machine's cores."""
-    ok = isinstance(others_cores, int | float) and math.isfinite(others_cores)
-    ok = ok and isinstance(cores, int | float) and cores > 0
-    return bool(ok and others_cores >= BUSY_OTHERS_SHARE * cores)
 
 
 def over_roof_note(frame: pd.DataFrame, ceilings: Ceilings, noun: str = "steps") -> str | None:

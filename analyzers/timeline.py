@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from ..traces.vllm_names import VLLM_STEP
 from .intervals import Union, overlap_ns, union
 from .spans import (
     CLASS_CODE,
@@ -29,7 +30,6 @@ _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # `execute_67_context_1(sq64…)_generation_3(…)`); a step spans its model execution only,
 # so these windows do not tile the trace: the time between them is the engine loop's own
 # (scheduling, output processing) or no work, and is reported apart (`outside_windows`).
-VLLM_STEP = re.compile(r"^execute_(\d+_)?context_")
 WINDOW_COLUMNS = ["rank_key", "step", "name", "start_ns", "end_ns", "source"]
 OUTSIDE_COLUMNS = ["rank_key", "extent_ns", "inside_ns", "outside_ns", "host_outside_ns"]
 

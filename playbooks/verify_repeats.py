@@ -60,7 +60,7 @@ def samples_of(contexts, metric: str) -> Samples | None:
 
 def runs_delta(metric: str, a: Samples, b: Samples, seed: int = 0) -> RunsDelta | None:
     """The change of a percentile metric from side A's runs to side B's (ms)."""
-    from ..sweeps.table import two_level_bootstrap as two_level  # the sweep's
+    from ..analyzers.bootstrap import two_level_bootstrap as two_level  # the sweep's
 
     known = percentile_metric(metric)
     a = [(v, g) for v, g in a if len(v)]

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..analyzers.roof_check import busy_others  # the roofline's note uses it too
+from ..hardware.calibration_load import busy_others  # the roofline's note uses it too
 
 
 @dataclass(frozen=True)

@@ -329,8 +329,8 @@ class ServerProfiler:
         """The offset that puts the trace on the run's clock (`run_ns = trace_ns + offset`,
         from both manifests' wall-clock origins) and whether vLLM's step annotations fall
         inside the window the calls bracket (± the clocks' uncertainty)."""
-        from ..analyzers.timeline import VLLM_STEP  # vLLM's step annotations
         from ..traces.reader import load_run
+        from ..traces.vllm_names import VLLM_STEP  # vLLM's step annotations
 
         run = load_run(self.run_dir / TRACE_RUN)
         tc = run.manifest.clock

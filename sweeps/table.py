@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analyzers.bootstrap import N_BOOT, two_level_bootstrap  # noqa: F401  (re-exported)
 from .measure import Measured, gap_values, request_values, row
 
 LEVEL = 0.95
-N_BOOT = 400
 # (column, per-request field or "gap" for delivery gaps, percentile, scale)
 LATENCY = (
     ("ttft_p50_ms", "ttft_s", 50, 1e3),
@@ -98,32 +98,6 @@ def _latency(repeats: list[Measured], rng) -> dict[str, float]:
         lo, hi = np.nanpercentile(boot, [50 * (1 - LEVEL), 50 * (1 + LEVEL)])
         out[column] = float(np.percentile(pooled, q)) * scale
         out[f"{column}_lo"], out[f"{column}_hi"] = float(lo) * scale, float(hi) * scale
-    return out
-
-
-def two_level_bootstrap(samples: list[tuple[np.ndarray, np.ndarray]], q: float, rng) -> np.ndarray:
-    """Percentile q of N_BOOT two-level resamples: repeats, then groups (requests)."""
-    prepared = []
-    for values, groups in samples:
-        order = np.argsort(groups, kind="stable")
-        v, g = values[order], groups[order]
-        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.zeros(0, int)
-        prepared.append((v, starts, np.diff(np.r_[starts, len(v)])))
-    prepared = [p for p in prepared if len(p[0])]
-    if not prepared:
-        return np.full(N_BOOT, np.nan)
-    out = np.empty(N_BOOT)
-    k = len(prepared)
-    for b in range(N_BOOT):
-        parts = []
-        picks = rng.integers(0, k, k) if k > 1 else (0,)
-        for p in picks:
-            v, starts, lengths = prepared[p]
-            chosen = rng.integers(0, len(starts), len(starts))
-            ln = lengths[chosen]
-            offsets = np.repeat(starts[chosen] - np.r_[0, np.cumsum(ln)[:-1]], ln)
-            parts.append(v[offsets + np.arange(ln.sum())])
-        out[b] = np.percentile(np.concatenate(parts), q)
     return out
 
 

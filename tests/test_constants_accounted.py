@@ -51,7 +51,7 @@ def python_constants() -> dict[tuple[str, str], list[float]]:
     """(name, file relative to the package) → value(s), for every module-level numeric
     constant: `NAME = 0.5`, `NAME: float = 0.5`, `A, B = 8, 0.1`, `T = (50, 90)`."""
     found = {}
-    for folder in ("playbooks", "analyzers"):
+    for folder in ("playbooks", "analyzers", "hardware"):
         for path in sorted((ROOT / folder).glob("*.py")):
             for node in ast.parse(path.read_text()).body:
                 pairs = []

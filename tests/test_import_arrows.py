@@ -33,9 +33,6 @@ HEAVY_ALLOWED = {
 # folder it reaches. Remove an entry when its import goes; never add one.
 KNOWN = {
     ("playbooks/verify.py", "probes"),  # --verify-advice re-records the run
-    ("playbooks/verify_repeats.py", "sweeps"),  # the sweep's bootstrap
-    ("probes/cpu_load.py", "analyzers"),  # roof_check.busy_others
-    ("probes/server_profile.py", "analyzers"),  # timeline.VLLM_STEP
 }
 
 
