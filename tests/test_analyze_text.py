@@ -22,13 +22,15 @@ def serving(tmp_path_factory):
 
 
 def _text(fn, *args) -> str:
-    width = out.width
+    # Restore the private field, not the width read back: setting `out.width` to what it
+    # reads fixes a width that was dynamic (COLUMNS), and later tests then wrap at 80.
+    saved = out._width
     out.width = 200
     try:
         with out.capture() as cap:
             fn(*args)
     finally:
-        out.width = width
+        out._width = saved
     return cap.get()
 
 
