@@ -222,3 +222,17 @@ def test_draws_record_with_the_cpu_sampler_as_a_user_does():
     for d in DRAWS[:5]:
         scenario, _ = generate.build(d, cal)
         assert scenario.options().probes.device_sampling
+
+
+def test_reports_of_several_seeds_combine_from_their_saved_results(tmp_path, capsys):
+    import json
+
+    oc = ("over-capacity", "over-capacity")
+    a = [_run("a", [(*oc, 1.2)], ["over-capacity"])]
+    b = [_run("b", [(*oc, 1.5)], ["host-contention"]), _run("h", [], [])]
+    for name, runs in (("a", a), ("b", b)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"runs": runs}))
+    assert report.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    assert capsys.readouterr().out.splitlines() == report.lines(report.summarise(a + b))
+    assert report.main([str(tmp_path / "missing.json")]) == 1
+    assert "not a generator report" in capsys.readouterr().out

@@ -103,3 +103,31 @@ def lines(s: dict) -> list[str]:
         out.append("misses above threshold (run: faults ×relative → top three)")
         out += [f"  {m}" for m in s["misses"]]
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.diagnosis.report A.json [B.json …]`: one report over the runs
+    of several `--generate … --json` reports (e.g. two held-out seeds), from their saved
+    results: nothing is recorded or triaged again."""
+    import json
+    import sys
+    from pathlib import Path
+
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python -m benchmarks.diagnosis.report REPORT.json [REPORT.json ...]")
+        return 1
+    runs = []
+    for p in paths:
+        try:
+            runs += json.loads(Path(p).read_text(encoding="utf-8"))["runs"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"error: {p}: not a generator report ({e})")
+            return 1
+    for line in lines(summarise(runs)):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
