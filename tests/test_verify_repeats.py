@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from verify_runs import record_tiny
 
 from perfdiag import load_run
 from perfdiag.analyzers.actions import Setting, run_action
@@ -21,7 +22,7 @@ from perfdiag.playbooks.facts import Fact, load_registry
 from perfdiag.playbooks.schema import TRIAGE_FILE, PlaybookError, load_playbook
 from perfdiag.playbooks.verify import VERDICTS, verify
 from perfdiag.playbooks.verify_repeats import runs_delta
-from perfdiag.probes.run_options import EngineOptions, ProbeOptions, RunOptions
+from perfdiag.probes.run_options import RunOptions
 from perfdiag.probes.session import record_run
 from perfdiag.probes.workload import ArrivalSpec, LengthSpec, WorkloadSpec
 
@@ -117,21 +118,9 @@ def test_a_verify_target_that_is_no_metric_is_a_playbook_error(tmp_path):
 
 
 # -- re-running ----------------------------------------------------------------------------
-def _record(path, **engine):
-    options = RunOptions(
-        EngineOptions(preset="tiny", kv_cache_mb=8.0, **engine),
-        WorkloadSpec(requests=14, warmup=2, seed=5, arrival=ArrivalSpec("closed", 2),
-                     prompt_len=LengthSpec.parse("uniform:160:288"),
-                     output_len=LengthSpec.parse("uniform:4:8")),
-        ProbeOptions(device_sampling=False),
-    )  # fmt: skip
-    record_run(options, path, command=["pytest"])
-    return path
-
-
 @pytest.fixture(scope="module")
 def sliced(tmp_path_factory):
-    return _record(tmp_path_factory.mktemp("verify-repeats") / "sliced", chunk_size=16)
+    return record_tiny(tmp_path_factory.mktemp("verify-repeats") / "sliced", chunk_size=16)
 
 
 def _chunk_finding(to=128):

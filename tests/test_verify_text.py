@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from verify_runs import record_tiny
 
 from perfdiag import load_run
 from perfdiag.analyzers.actions import Setting, run_action
@@ -16,9 +17,6 @@ from perfdiag.analyzers.findings import Finding
 from perfdiag.playbooks.facts import TriageContext
 from perfdiag.playbooks.verify import _reason, verify
 from perfdiag.playbooks.verify_repeats import runs_delta
-from perfdiag.probes.run_options import EngineOptions, ProbeOptions, RunOptions
-from perfdiag.probes.session import record_run
-from perfdiag.probes.workload import ArrivalSpec, LengthSpec, WorkloadSpec
 
 
 def _numbers_have_units(text: str, unit: str) -> None:
@@ -46,21 +44,9 @@ def test_a_verdict_over_runs_gives_every_interval_a_unit():
     assert "A " in text and "B " in text
 
 
-def _record(path, **engine):
-    options = RunOptions(
-        EngineOptions(preset="tiny", kv_cache_mb=8.0, **engine),
-        WorkloadSpec(requests=14, warmup=2, seed=5, arrival=ArrivalSpec("closed", 2),
-                     prompt_len=LengthSpec.parse("uniform:160:288"),
-                     output_len=LengthSpec.parse("uniform:4:8")),
-        ProbeOptions(device_sampling=False),
-    )  # fmt: skip
-    record_run(options, path, command=["pytest"])
-    return path
-
-
 @pytest.fixture(scope="module")
 def sliced(tmp_path_factory):
-    return _record(tmp_path_factory.mktemp("verify-text") / "sliced", chunk_size=16)
+    return record_tiny(tmp_path_factory.mktemp("verify-text") / "sliced", chunk_size=16)
 
 
 def _contended(ctx: TriageContext, lost: float) -> TriageContext:

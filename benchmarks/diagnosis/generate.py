@@ -574,6 +574,19 @@ def _host_share(run) -> float:
     return float(value) if value is not None else float("nan")
 
 
+def findings_of(triage) -> dict:
+    """A run's result fields from its triage: the top cause, the top three, and the checks
+    critical and warning (the report's arithmetic reads these)."""
+    causes = triage.causes
+    return {
+        "top": causes[0].check if causes else "none",
+        "top_severity": causes[0].severity if causes else "",
+        "top3": [f.check for f in causes[:3]],
+        "critical": [f.check for f in causes if f.severity == "critical"],
+        "warning": [f.check for f in causes if f.severity == "warning"],
+    }
+
+
 def run_draw(d: Draw, root: Path, seeds: int = 1) -> list[dict]:
     """Record a draw once per workload seed and triage each run: one result each."""
     cal = calibrate(d, root / "calibration")
@@ -583,19 +596,13 @@ def run_draw(d: Draw, root: Path, seeds: int = 1) -> list[dict]:
         started = time.perf_counter()
         run_dir = scenario.record(root / scenario.name)
         record_s = time.perf_counter() - started
-        triage = scenario.diagnose(run_dir)
-        causes = triage.causes
         out.append({
             "draw": d.name, "seed": d.seed, "index": d.index, "workload_seed": k,
             "preset": d.preset, "loop": d.loop,
             "faults": [{"class": f.cls, "check": f.check, "relative": round(r, 3)}
                        for f, r in zip(d.faults, rels, strict=True)],
             "cause": scenario.cause,
-            "top": causes[0].check if causes else "none",
-            "top_severity": causes[0].severity if causes else "",
-            "top3": [f.check for f in causes[:3]],
-            "critical": [f.check for f in causes if f.severity == "critical"],
-            "warning": [f.check for f in causes if f.severity == "warning"],
+            **findings_of(scenario.diagnose(run_dir)),
             "record_s": round(record_s, 2),
             "calibration": asdict(cal),
         })  # fmt: skip

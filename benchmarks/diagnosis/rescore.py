@@ -23,23 +23,15 @@ from perfdiag.playbooks.evaluate import run_triage
 from perfdiag.playbooks.facts import TriageContext
 
 from . import report
+from .generate import findings_of
 
 KEYS = ("top", "top_severity", "top3", "critical", "warning")
 
 
 def rescore(run: dict, runs_dir: Path) -> dict:
     """The run's entry with its findings from today's rules."""
-    causes = run_triage(
-        TriageContext(load_run(runs_dir / f"{run['draw']}-s{run['workload_seed']}"))
-    ).causes
-    return {
-        **run,
-        "top": causes[0].check if causes else "none",
-        "top_severity": causes[0].severity if causes else "",
-        "top3": [f.check for f in causes[:3]],
-        "critical": [f.check for f in causes if f.severity == "critical"],
-        "warning": [f.check for f in causes if f.severity == "warning"],
-    }
+    path = runs_dir / f"{run['draw']}-s{run['workload_seed']}"
+    return {**run, **findings_of(run_triage(TriageContext(load_run(path))))}
 
 
 def main(argv: list[str] | None = None) -> int:
