@@ -37,7 +37,9 @@ def tui(
     from ..analyzers.slo import parse_slo
     from ..traces.reader import load_run
     from ..tui.app import make_app
+    from .option_checks import check_ceilings_dir
 
+    check_ceilings_dir(ceilings_dir)  # before the screen is taken over
     target = parse_slo(slo) if slo else None
     if (run / "sweep.json").exists() and run_b is None:  # perfdiag sweep's directory
         from ..tui.sweep_app import make_sweep_app

@@ -77,3 +77,10 @@ def test_inspect_a_good_run(cli, sample_run):
     assert summary["duration_ns"] == 1_000_000_001  # first step start → last step end
     human = cli("inspect", path)
     assert human.returncode == 0 and "complete" in human.stdout and "spans" in human.stdout
+
+
+def test_tui_refuses_a_missing_ceilings_dir(cli, sample_run, tmp_path):
+    # As timeline does: a typo in --ceilings-dir must not silently judge the roofline
+    # against the datasheet instead of the measured ceilings.
+    missing = tmp_path / "no-such-ceilings"
+    _assert_one_line_error(cli("tui", sample_run, "--ceilings-dir", missing), "--ceilings-dir")
