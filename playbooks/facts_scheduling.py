@@ -100,6 +100,17 @@ def _reread_context(chunks, requests) -> pd.Series:
     return g.sum() - g.max()
 
 
+def _steps_phrase(mean_prompt: float, longest: int, best: int, now: int) -> str:
+    """How many steps a prompt takes at the new slice against now: the mean prompt's when
+    they differ, else the longest's (a mean prompt that fits one slice either way would
+    read "takes 1 step instead of 1")."""
+    tokens, which = mean_prompt, f"a prompt of the mean length ({mean_prompt:.0f} tokens)"
+    if np.ceil(mean_prompt / best) == np.ceil(mean_prompt / now):
+        tokens, which = longest, f"the longest prompt ({longest} tokens)"
+    after, before = int(np.ceil(tokens / best)), int(np.ceil(tokens / now))
+    return f"{which} then takes {after} step{'s' * (after != 1)} instead of {before}"
+
+
 def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:
     """What cuts prompts into many steps — the chunk size or the token budget (whichever
     is smaller) — and the value at which a step's fixed cost is at most OVERHEAD_TARGET
@@ -134,7 +145,7 @@ def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:
     lengths = prompts[np.isfinite(prompts)]
     # Per request, then averaged: prompts just above a slice pay a whole extra step.
     saved = float(np.mean(cost.prefill_time_s(lengths, now) - cost.prefill_time_s(lengths, best)))
-    steps = f"{np.ceil(mean_prompt / best):.0f} steps instead of {np.ceil(mean_prompt / now):.0f}"
+    steps = _steps_phrase(mean_prompt, longest, best, now)
     chunk_to = Setting("engine.chunk_size", chunk, best)
     budget_to = Setting("engine.max_batched_tokens", budget, best + decodes)
     if knob == "chunk":
@@ -152,10 +163,7 @@ def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:
         if chunk and chunk < best:
             head += f" and --chunk-size {best} (now {chunk})"
             settings.append(chunk_to)
-    text = (
-        f"{head}: a prompt of the mean length ({mean_prompt:.0f} tokens) then takes {steps}, "
-        f"about {ms(saved):.1f} ms less mean TTFT; "
-    )
+    text = f"{head}: {steps}, about {ms(saved):.1f} ms less mean TTFT; "
     if a > 0:
         text += (
             f"a slice then holds a decode back {ms(cost.token_cost_s(best, with_chunk=True)):.0f}"

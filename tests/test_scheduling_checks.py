@@ -54,3 +54,15 @@ def test_a_tiny_budget_is_named_as_the_budget(runs):
 def test_the_same_prompts_in_one_chunk_raise_nothing(runs):
     f = runs["control"].by_check("chunk-too-small")
     assert f is None or f.severity == "info"
+
+
+def test_the_step_count_is_said_of_a_prompt_whose_count_changes():
+    from perfdiag.playbooks.facts_scheduling import _steps_phrase
+
+    assert _steps_phrase(300, 600, 256, 64) == (
+        "a prompt of the mean length (300 tokens) then takes 2 steps instead of 5"
+    )
+    # The mean prompt fits one slice before and after: the longest one is what changes.
+    assert _steps_phrase(30, 200, 256, 32) == (
+        "the longest prompt (200 tokens) then takes 1 step instead of 7"
+    )
