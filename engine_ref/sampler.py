@@ -31,6 +31,19 @@ def apply_top_k_top_p(
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def target_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution each row samples from: logits [N, V] over each row's temperature,
+    then its top-k / top-p filters, softmaxed (rows must not be greedy). Speculative
+    verification accepts drafts against exactly this distribution."""
+    dev = logits.device
+    sel = logits / torch.tensor([p.temperature for p in params], device=dev)[:, None]
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        top_k = torch.tensor([p.top_k for p in params], device=dev)
+        top_p = torch.tensor([p.top_p for p in params], device=dev)
+        sel = apply_top_k_top_p(sel, top_k, top_p)
+    return sel.softmax(-1)
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -48,15 +61,7 @@ class Sampler:
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             idx = torch.tensor(rows, device=logits.device)
-            sel = (
-                logits[idx]
-                / torch.tensor([params[i].temperature for i in rows], device=logits.device)[:, None]
-            )
-            if any(params[i].top_k > 0 or params[i].top_p < 1.0 for i in rows):
-                top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
-                top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)
-                sel = apply_top_k_top_p(sel, top_k, top_p)
-            probs = sel.softmax(-1)
+            probs = target_probs(logits[idx], [params[i] for i in rows])
             noise = torch.empty_like(probs)
             for j, i in enumerate(rows):
                 noise[j].exponential_(generator=generators[i] or self.generator)
