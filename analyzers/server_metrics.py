@@ -71,6 +71,7 @@ COUNTERS: dict[str, tuple[tuple[str, dict], ...]] = {
     ),
     "requests_finished": (("vllm:request_success_total", {}), ("sglang:num_requests_total", {})),
     "requests_aborted": (("vllm:request_success_total", {"finished_reason": "abort"}),),
+    "spec_drafts": (("vllm:spec_decode_num_drafts_total", {}),),
     "spec_draft_tokens": (("vllm:spec_decode_num_draft_tokens_total", {}),),
     "spec_accepted_tokens": (("vllm:spec_decode_num_accepted_tokens_total", {}),),
     "flops": (("vllm:estimated_flops_per_gpu_total", {}),),
@@ -96,6 +97,13 @@ GAUGES: dict[str, tuple[tuple[str, dict], ...]] = {
         ("llamacpp:kv_cache_usage_ratio", {}),
     ),
     "max_running": (("sglang:max_running_requests", {}),),  # SGLang states its cap
+}
+# concept → ((series name, the label whose values it is kept apart by), …): counters read
+# per label value (summed over the other labels), first name a run has wins.
+LABELLED: dict[str, tuple[tuple[str, str], ...]] = {
+    "spec_accepted_by_position": (
+        ("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position"),
+    ),
 }
 SERVER_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "llamacpp:": "llamacpp"}
 
@@ -156,6 +164,8 @@ class ServerMetrics:
     histograms: dict[str, Histogram]
     gauges: pd.DataFrame  # ts_ns (index) × concept: summed over series, per scrape
     names: dict[str, str] = field(default_factory=dict)  # concept → the series name used
+    # concept → {label value: delta} (LABELLED), e.g. accepted draft tokens per position
+    by_label: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def gauge(self, concept: str) -> pd.Series | None:
         return self.gauges.get(concept, None)
@@ -196,6 +206,11 @@ def server_metrics(run: Run, start_ns: int, end_ns: int) -> ServerMetrics | None
         got = _sum_matching(delta, split, choices)
         if got is not None:
             counters[concept], used[concept] = got
+    by_label = {}
+    for concept, choices in LABELLED.items():
+        got = _per_label(delta, split, choices)
+        if got is not None:
+            by_label[concept], used[concept] = got
     histograms = {}
     for concept, choices in HISTOGRAMS.items():
         h = _histogram(delta, split, choices)
@@ -206,7 +221,7 @@ def server_metrics(run: Run, start_ns: int, end_ns: int) -> ServerMetrics | None
     prefixes = {SERVER_PREFIXES[p] for s in split for p in SERVER_PREFIXES if s.startswith(p)}
     server = next(iter(prefixes)) if len(prefixes) == 1 else "unknown"
     n_scrapes = int(((scrape_ts >= t0) & (scrape_ts <= t1)).sum())
-    return ServerMetrics(server, t0, t1, n_scrapes, counters, histograms, gauges, used)
+    return ServerMetrics(server, t0, t1, n_scrapes, counters, histograms, gauges, used, by_label)
 
 
 def _values_at(names, ts, values, t: int) -> dict[str, float]:
@@ -223,6 +238,18 @@ def _sum_matching(delta, split, choices) -> tuple[float, str] | None:
         hits = [v for s, v in delta.items() if split[s][0] == name and _matches(split[s][1], want)]
         if hits:
             return float(sum(hits)), name
+    return None
+
+
+def _per_label(delta, split, choices) -> tuple[dict[str, float], str] | None:
+    for name, label in choices:
+        out: dict[str, float] = {}
+        for s, v in delta.items():
+            base, labels = split[s]
+            if base == name and label in labels:
+                out[labels[label]] = out.get(labels[label], 0.0) + v
+        if out:
+            return out, name
     return None
 
 
