@@ -198,8 +198,10 @@ def print_configs(found, by: str, unit: str, out_dir: Path) -> None:
         rows.append({"configuration": name, "verdict": r.verdict, "capacity": value(r) or None,
                      "above": r.above.x if r.above else None, "limit": limit})  # fmt: skip
     out.print(t)
-    (out_dir / "capacities.json").write_text(json.dumps({"by": by, "configurations": rows},
-                                                        indent=2) + "\n")  # fmt: skip
+    from ..traces.atomic_file import write_atomic
+
+    write_atomic(out_dir / "capacities.json",
+                 json.dumps({"by": by, "configurations": rows}, indent=2) + "\n")  # fmt: skip
 
 
 def print_capacity(result, sat, by: str, unit: str, out_dir: Path) -> None:

@@ -62,12 +62,14 @@ def verify_and_print(
     style = VERDICT_STYLE[v.verdict]
     out.print(f"[{style}]advice {v.verdict}[/]: {escape(v.reason)}", highlight=False)
     if v.run_b:
+        from ..traces.atomic_file import write_atomic
+
         data = {k: to_jsonable(x) for k, x in dataclass_dict(v).items()}
         results = Path(ctx.run.path) / "results"
         for where in (results, Path(v.run_b) / "results"):
             try:
                 where.mkdir(parents=True, exist_ok=True)
-                (where / "verification.json").write_text(json.dumps(data, indent=2) + "\n")
+                write_atomic(where / "verification.json", json.dumps(data, indent=2) + "\n")
             except OSError:
                 pass
     return v.verdict

@@ -28,6 +28,7 @@ import pandas as pd
 from .._version import __version__
 from ..analyzers.slo import parse_slo
 from ..errors import ConfigError
+from ..traces.atomic_file import write_atomic
 from ..traces.manifest import COMPLETE
 from .measure import Measured, analyse, record, triage_point
 from .spec import Point, SweepSpec, show
@@ -236,9 +237,7 @@ def _move_aside(run_dir: Path) -> None:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)  # fsynced: a crash never leaves a half-written summary
 
 
 def load_sweep(path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
