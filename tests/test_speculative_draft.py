@@ -196,3 +196,29 @@ def test_the_default_pool_holds_the_targets_tokens():
     target = tiny_config(cache=CacheConfig(block_size=4, num_gpu_blocks=37))
     p = DraftModelProposer.from_target(target, "tiny")
     assert p.block_manager.num_blocks == 37 and p.block_manager.block_size == 4
+
+
+@pytest.mark.slow
+def test_smollm2_drafts_for_itself_in_q4_1():
+    """The real model drafting for its float self: the draft runs the file's own Q4_1
+    blocks, and its drafts are what that engine decodes greedily without speculation."""
+    from smollm2_model import PROMPTS, smollm2_path
+
+    from perfdiag.engine_ref.config import EngineConfig
+    from perfdiag.engine_ref.engine import LLMEngine
+    from perfdiag.engine_ref.gguf_loader import read_gguf_config
+
+    path = smollm2_path()
+    target = EngineConfig(
+        model=read_gguf_config(path),
+        model_path=str(path),
+        max_model_len=512,
+        cache=CacheConfig(kv_cache_bytes=32 * 2**20),
+    )
+    p = DraftModelProposer.from_target(target, "smollm2-135m")
+    assert p.config.weight_format == "q4_1" and p.config.model.vocab_size == 49152
+    engine = LLMEngine(p.config)  # the draft's config, run without speculation
+    k = 6
+    want = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True))
+    reqs = [request(f"m{i}", w.prompt_token_ids) for i, w in enumerate(want)]
+    assert [x.tokens for x in p.propose(reqs, k)] == [w.token_ids for w in want]
