@@ -27,6 +27,8 @@ FLAGS = {
     ("engine", "preemption"): "--preemption",
     ("engine", "router"): "--router",
     ("engine", "expert_placement"): "--expert-placement",
+    ("engine", "speculative"): "--speculative",
+    ("engine", "kv_dtype"): "--kv-dtype",
     ("workload", "concurrency"): "--concurrency",
     ("workload", "rate"): "--rate",
     # A server perfdiag launched (`perfdiag run --launch`): its own flags (vLLM's names),

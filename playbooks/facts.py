@@ -112,6 +112,7 @@ def load_registry() -> dict[str, FactSpec]:
         facts_resources,
         facts_scheduling,
         facts_server,
+        facts_speculative,
         facts_target,
     )
 
