@@ -9,6 +9,11 @@ The runner orders a batch so that single-token queries (decodes) come first: the
 one batch over contexts padded to the longest (masked; no mask when all are equal); longer
 queries (prefill chunks) run one sequence at a time with a causal mask offset by their
 cached context. Both PyTorch backends share that paging and differ in the softmax kernel.
+
+A quantised cache (`kv_quant.QuantKV`, `--kv-dtype int8|fp8`) is quantised on write and
+its blocks dequantised to the query's dtype on read; every query then reads its context
+from the cache, a first prefill chunk's own K/V too, so each token's K/V is seen the same
+way by every query (as the Triton kernels, which always read the cache, see it).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .kv_quant import QuantKV, read_blocks
+from .kv_quant import store as store_quantized
 
 
 @dataclass
@@ -68,20 +76,24 @@ def _softmax(q, k, v, mask, causal: bool, scale: float) -> torch.Tensor:
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    if isinstance(k_cache, QuantKV):
+        store_quantized(k, k_cache, slot_mapping)
+        store_quantized(v, v_cache, slot_mapping)
+        return
     kv_heads, dim = k_cache.shape[-2:]
     k_cache.view(-1, kv_heads, dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, kv_heads, dim).index_copy_(0, slot_mapping, v)
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
+def _gather(cache, block_ids: torch.Tensor, length: int, dtype) -> torch.Tensor:
     """Context [Hkv, length, D] of one sequence, read through its block table."""
-    return cache.index_select(0, block_ids).flatten(0, 1)[:length].transpose(0, 1)
+    return read_blocks(cache, block_ids, dtype).flatten(0, 1)[:length].transpose(0, 1)
 
 
-def _gather_decodes(cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+def _gather_decodes(cache, meta: AttentionMetadata, dtype) -> torch.Tensor:
     """Contexts [Bd, Hkv, S, D] of the decodes."""
     b, n = meta.decode_block_tables.shape
-    g = cache.index_select(0, meta.decode_block_tables.view(-1))
+    g = read_blocks(cache, meta.decode_block_tables.view(-1), dtype)
     g = g.view(b, n * cache.shape[1], *cache.shape[2:])
     if meta.decode_mask is None:
         g = g[:, : meta.decode_context_len]
@@ -93,20 +105,21 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale, a
     nd = meta.num_decode
     if nd:
         mask = None if meta.decode_mask is None else meta.decode_mask[:, None, None, :]
-        kk, vv = _gather_decodes(k_cache, meta), _gather_decodes(v_cache, meta)
+        kk, vv = _gather_decodes(k_cache, meta, q.dtype), _gather_decodes(v_cache, meta, q.dtype)
         o = attend(q[:nd, :, None, :], kk, vv, mask, False, scale)[:, :, 0, :]
         if not meta.prefills:  # a decode-only step: no scatter into a fresh output
             return o
     out = torch.empty_like(q)
     if nd:
         out[:nd] = o
+    quant = isinstance(k_cache, QuantKV)
     for p in meta.prefills:
         qs = q[p.start : p.end].transpose(0, 1)[None]
-        if p.mask is None:  # no cached context: this chunk's own K/V is the whole context
+        if p.mask is None and not quant:  # no cached context: this chunk's own K/V is all
             kk, vv = k[p.start : p.end].transpose(0, 1), v[p.start : p.end].transpose(0, 1)
         else:
-            kk = _gather(k_cache, p.block_ids, p.context_len)
-            vv = _gather(v_cache, p.block_ids, p.context_len)
+            kk = _gather(k_cache, p.block_ids, p.context_len, q.dtype)
+            vv = _gather(v_cache, p.block_ids, p.context_len, q.dtype)
         o = attend(qs, kk[None], vv[None], p.mask, p.mask is None, scale)
         out[p.start : p.end] = o[0].transpose(0, 1)
     return out

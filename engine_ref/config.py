@@ -22,6 +22,7 @@ POLICIES = ("fcfs", "prefix")
 # Weight-only quantisation (quant.py): "float" weights in the run's dtype, or GGUF blocks
 # kept packed and dequantised inside the matmul.
 WEIGHT_FORMATS = ("float", "q4_1", "q8_0")
+KV_DTYPES = ("auto", "int8", "fp8")  # kv_quant.py; "auto": the model's dtype
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -243,9 +244,14 @@ class CacheConfig:
     # Debug mode: the block manager records owners and the runner checks every slot it
     # reads or writes against them (tests turn it on; it costs Python time per step).
     check_ownership: bool = False
+    # KV storage: "auto" (the model's dtype), or "int8" / "fp8" (e4m3) with one fp32 scale
+    # per token and KV head (kv_quant.py): about 2-4x the blocks in the same bytes.
+    kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, "block_size must be >= 1")
+        _require(self.kv_dtype in KV_DTYPES,
+                 f"kv_dtype {self.kv_dtype!r} is not one of {KV_DTYPES}")  # fmt: skip
         _require(
             self.num_gpu_blocks is None or self.num_gpu_blocks >= 1, "num_gpu_blocks must be >= 1"
         )
@@ -342,6 +348,8 @@ class EngineConfig:
                 "kernel_backend 'numba' runs float32 weights on the CPU (--device cpu --dtype "
                 "float32 --weights float)",
             )
+            _require(self.cache.kv_dtype == "auto",
+                     "kernel_backend 'numba' reads a float KV cache: --kv-dtype auto")  # fmt: skip
         sizes = tuple(sorted(set(int(b) for b in self.cuda_graph_batch_sizes)))
         object.__setattr__(self, "cuda_graph_batch_sizes", sizes)
         _require(bool(sizes) and sizes[0] >= 1, "cuda_graph_batch_sizes must be >= 1")

@@ -56,7 +56,7 @@ class LLMEngine(RequestIntake, StepRecords):
         else:
             self.model = build_model(config)
             self.kv_cache = KVCache(mcfg, num_blocks, cc.block_size, num_cpu, device,
-                                    config.dtype)  # fmt: skip
+                                    config.dtype, cc.kv_dtype)  # fmt: skip
         self.block_manager = BlockManager(
             num_blocks,
             cc.block_size,
@@ -128,7 +128,7 @@ class LLMEngine(RequestIntake, StepRecords):
             shard_model(self.model, 0, tp, self.tp.comm, config.expert_placement)
             self.kv_cache = TPKVCache(
                 local_model_config(config.model, tp), num_blocks, config.cache.block_size,
-                num_cpu, torch.device(config.device), config.dtype,
+                num_cpu, torch.device(config.device), config.dtype, config.cache.kv_dtype,
             )  # fmt: skip
         except BaseException:
             self.tp.close()

@@ -53,6 +53,6 @@ def local_kv_blocks(config: EngineConfig) -> tuple[int, int]:
 
         mcfg = local_model_config(mcfg, config.tensor_parallel_size)
     num_blocks = cc.num_gpu_blocks or num_blocks_for_bytes(
-        mcfg, cc.block_size, config.dtype, cc.kv_cache_bytes
+        mcfg, cc.block_size, config.dtype, cc.kv_cache_bytes, cc.kv_dtype
     )
     return num_blocks, num_blocks if cc.num_cpu_blocks is None else cc.num_cpu_blocks

@@ -3,7 +3,9 @@
 Layout [2 (K, V), layers, blocks, block_size, kv_heads, head_dim]: a block holds
 `block_size` consecutive positions of one sequence for every layer, so swapping a block is
 one indexed copy. The block manager decides which block holds what; this file only moves
-bytes.
+bytes. A quantised pool (`kv_dtype` int8 / fp8, kv_quant.py) stores one byte per element
+plus fp32 scales [2, layers, blocks, block_size, kv_heads] beside it, which count in a
+block's bytes and move with it on swaps.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from ..errors import ConfigError
 from .config import ModelConfig
+from .kv_quant import SCALE_BYTES, SCALE_DTYPE, STORAGE, QuantKV, is_quantized
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -20,13 +23,22 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str) -> int:
-    elem = torch.empty((), dtype=torch_dtype(dtype)).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+def storage_dtype(dtype: str, kv_dtype: str = "auto") -> torch.dtype:
+    return STORAGE[kv_dtype] if is_quantized(kv_dtype) else torch_dtype(dtype)
 
 
-def num_blocks_for_bytes(cfg: ModelConfig, block_size: int, dtype: str, nbytes: int) -> int:
-    n = nbytes // bytes_per_block(cfg, block_size, dtype)
+def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str, kv_dtype: str = "auto") -> int:
+    """K and V of `block_size` tokens in every layer, as stored (scales included)."""
+    slots = 2 * cfg.num_layers * block_size * cfg.num_kv_heads
+    elem = torch.empty((), dtype=storage_dtype(dtype, kv_dtype)).element_size()
+    scales = SCALE_BYTES if is_quantized(kv_dtype) else 0
+    return slots * (cfg.head_dim * elem + scales)
+
+
+def num_blocks_for_bytes(
+    cfg: ModelConfig, block_size: int, dtype: str, nbytes: int, kv_dtype: str = "auto"
+) -> int:
+    n = nbytes // bytes_per_block(cfg, block_size, dtype, kv_dtype)
     if n < 1:
         raise ConfigError(f"kv_cache_bytes={nbytes} holds no block of this model")
     return n
@@ -57,21 +69,26 @@ class KVCache:
         num_cpu_blocks: int,
         device: torch.device,
         dtype: str,
+        kv_dtype: str = "auto",
     ) -> None:
         shape = (cfg.num_kv_heads, cfg.head_dim)
-        dt = torch_dtype(dtype)
-        per_block = 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim
-        per_block *= torch.empty((), dtype=dt).element_size()
+        dt = storage_dtype(dtype, kv_dtype)
+        self.kv_dtype = kv_dtype
+        quant = is_quantized(kv_dtype)
+        per_block = bytes_per_block(cfg, block_size, dtype, kv_dtype)
         _check_room(num_blocks * per_block, num_blocks, device)
         pin = device.type == "cuda"
+        dev_blocks = (2, cfg.num_layers, num_blocks, block_size)
+        cpu_blocks = (2, cfg.num_layers, num_cpu_blocks, block_size)
         try:
             # Zeros, not empty: masked padding reads must never see NaN garbage (0 * NaN = NaN).
-            self.device_kv = torch.zeros(
-                (2, cfg.num_layers, num_blocks, block_size, *shape), dtype=dt, device=device
-            )
-            self.cpu_kv = torch.zeros(
-                (2, cfg.num_layers, num_cpu_blocks, block_size, *shape), dtype=dt, pin_memory=pin
-            )
+            self.device_kv = torch.zeros((*dev_blocks, *shape), dtype=dt, device=device)
+            self.cpu_kv = torch.zeros((*cpu_blocks, *shape), dtype=dt, pin_memory=pin)
+            # Scales: none for a float pool (empty tensors keep the swap code one path).
+            heads = (cfg.num_kv_heads,) if quant else (0,)
+            sd = SCALE_DTYPE
+            self.device_scale = torch.zeros((*dev_blocks, *heads), dtype=sd, device=device)
+            self.cpu_scale = torch.zeros((*cpu_blocks, *heads), dtype=sd, pin_memory=pin)
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             raise ConfigError(
                 f"cannot allocate the KV pool ({num_blocks:,} blocks, "
@@ -79,21 +96,40 @@ class KVCache:
                 f"{str(e).splitlines()[0][:120]}; lower --kv-cache-mb or --kv-blocks"
             ) from None
         self.device = device
-        self.layers = [(self.device_kv[0, i], self.device_kv[1, i]) for i in range(cfg.num_layers)]
+        if quant:
+            kv, sc = self.device_kv, self.device_scale
+            self.layers = [
+                (QuantKV(kv[0, i], sc[0, i], kv_dtype), QuantKV(kv[1, i], sc[1, i], kv_dtype))
+                for i in range(cfg.num_layers)
+            ]
+        else:
+            self.layers = [(self.device_kv[0, i], self.device_kv[1, i])
+                           for i in range(cfg.num_layers)]  # fmt: skip
 
     @property
     def nbytes(self) -> int:
-        return self.device_kv.numel() * self.device_kv.element_size()
+        kv, sc = self.device_kv, self.device_scale
+        return kv.numel() * kv.element_size() + sc.numel() * sc.element_size()
 
     def swap_out(self, device_blocks: list[int], cpu_blocks: list[int]) -> None:
         """Copy device blocks to CPU blocks; returns when the copy is complete, so the
         caller may free the device blocks."""
         src = torch.tensor(device_blocks, dtype=torch.long, device=self.device)
         dst = torch.tensor(cpu_blocks, dtype=torch.long)
-        self.cpu_kv.index_copy_(2, dst, self.device_kv.index_select(2, src).cpu())
+        for cpu, dev in self._pairs():
+            cpu.index_copy_(2, dst, dev.index_select(2, src).cpu())
 
     def swap_in(self, cpu_blocks: list[int], device_blocks: list[int]) -> None:
         src = torch.tensor(cpu_blocks, dtype=torch.long)
         dst = torch.tensor(device_blocks, dtype=torch.long, device=self.device)
         # A blocking host-to-device copy: the CPU blocks may be freed when this returns.
-        self.device_kv.index_copy_(2, dst, self.cpu_kv.index_select(2, src).to(self.device))
+        for cpu, dev in self._pairs():
+            dev.index_copy_(2, dst, cpu.index_select(2, src).to(self.device))
+
+    def _pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(CPU, device) tensors a swap copies: values as raw bytes (index_copy_ has no
+        float8 kernel on the CPU), and the scales of a quantised pool."""
+        pairs = [(self.cpu_kv.view(torch.uint8), self.device_kv.view(torch.uint8))]
+        if self.device_scale.numel():
+            pairs.append((self.cpu_scale, self.device_scale))
+        return pairs

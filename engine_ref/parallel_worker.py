@@ -84,7 +84,8 @@ def _worker(rank, tp, port, config, conn) -> None:
     shard_model(model, rank, tp, comm, config.expert_placement)
     local_cfg = local_model_config(config.model, tp)
     num_blocks, num_cpu = local_kv_blocks(config)
-    kv = KVCache(local_cfg, num_blocks, config.cache.block_size, num_cpu, device, config.dtype)
+    kv = KVCache(local_cfg, num_blocks, config.cache.block_size, num_cpu, device, config.dtype,
+                 config.cache.kv_dtype)  # fmt: skip
     runner = ModelRunner(model, kv, config.cache.block_size, sampler=None)
     while True:
         msg = [None]

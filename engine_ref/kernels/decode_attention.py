@@ -8,7 +8,8 @@ its log-sum-exp for `_combine_kernel` (split along the sequence, "flash-decoding
 programs when the batch alone cannot fill the GPU). Each sequence's context is cut into
 `num_splits` ranges of whole tiles from its own length, so one launch serves mixed
 lengths and a CUDA graph captured once serves any lengths. A sequence of length 0 (graph
-padding) yields zeros.
+padding) yields zeros. A quantised cache (`kv_quant.QuantKV`) is dequantised tile by
+tile (values × their per-token, per-head scales, to the query's dtype) as it is loaded.
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kv_quant import QuantKV, dequantize, kernel_operands
 from ._common import dot_precision, elem_bytes, pow2
 from .launch import launch
 
 
+def dense_cache(cache, dtype) -> torch.Tensor:
+    """A float cache as is; a QuantKV dequantised to `dtype` (what the kernels read)."""
+    if isinstance(cache, QuantKV):
+        return dequantize(cache.data, cache.scale, dtype)
+    return cache
+
+
 def ref_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
-    """q [B, H, D]; caches [blocks, block_size, Hkv, D]; block_tables [B, W]; context_lens
-    [B]. Plain fp32 softmax per sequence, one at a time."""
+    """q [B, H, D]; caches [blocks, block_size, Hkv, D] (or QuantKV); block_tables [B, W];
+    context_lens [B]. Plain fp32 softmax per sequence, one at a time."""
+    k_cache, v_cache = dense_cache(k_cache, q.dtype), dense_cache(v_cache, q.dtype)
     b, h, _ = q.shape
     bs, hkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.zeros_like(q)
@@ -46,11 +56,14 @@ def flops(total_context: int, heads: int, head_dim: int) -> int:
 
 
 def bytes_moved(batch, heads, kv_heads, head_dim, total_context, elem, table_width,
-                num_splits=1) -> int:  # fmt: skip
+                num_splits=1, kv_elem=None) -> int:  # fmt: skip
     """q read and output written once, each sequence's K/V read once per KV head (the group
-    shares the tile), block tables and lengths (int32) read once; with splits, the fp32
-    partial outputs and log-sum-exps are written (the combine reads them)."""
-    n = 2 * batch * heads * head_dim * elem + 2 * total_context * kv_heads * head_dim * elem
+    shares the tile) as stored (`kv_elem` bytes per element, scales included; default
+    `elem`), block tables and lengths (int32) read once; with splits, the fp32 partial
+    outputs and log-sum-exps are written (the combine reads them)."""
+    kv_elem = elem if kv_elem is None else kv_elem
+    n = 2 * batch * heads * head_dim * elem
+    n += int(2 * total_context * kv_heads * head_dim * kv_elem)
     n += 4 * batch * (table_width + 1)
     if num_splits > 1:
         n += 4 * batch * heads * num_splits * (head_dim + 1) - batch * heads * head_dim * elem
@@ -66,11 +79,12 @@ def combine_bytes(batch, heads, head_dim, num_splits, elem) -> int:
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr, stride_qb, stride_qh,
-                   stride_cb, stride_cs, stride_ch, stride_bt, stride_ob, stride_oh, stride_os,
-                   scale, head_dim, block_size, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   PRECISION: tl.constexpr):  # fmt: skip
+def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
+                   stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
+                   stride_bt, stride_ob, stride_oh, stride_os, scale, head_dim, block_size,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+                   QUANT: tl.constexpr):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -98,6 +112,10 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr, stride_
         kv_off = blk.to(tl.int64) * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
         kv_mask = pmask[:, None] & dmask[None, :]
         k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if QUANT:  # values × their (token, head) scale, in the query's dtype
+            s_off = blk.to(tl.int64) * stride_sb + (pos % block_size) * stride_ss + kvh
+            k_scale = tl.load(ks_ptr + s_off, mask=pmask, other=0.0)
+            k = (k.to(tl.float32) * k_scale[:, None]).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         s = tl.where(pmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -105,6 +123,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr, stride_
         p = tl.exp2(s - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if QUANT:
+            v_scale = tl.load(vs_ptr + s_off, mask=pmask, other=0.0)
+            v = (v.to(tl.float32) * v_scale[:, None]).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
@@ -166,9 +187,11 @@ def decode_attention(
     total_context: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [B, H, D] (last dim contiguous) → [B, H, D] (into `out` when given).
-    `total_context` (the sum of `context_lens`, known on the host) feeds the cost model;
-    None reads it back from the device when a probe asks."""
+    """q [B, H, D] (last dim contiguous) → [B, H, D] (into `out` when given). Caches are
+    float tensors or `QuantKV`. `total_context` (the sum of `context_lens`, known on the
+    host) feeds the cost model; None reads it back from the device when a probe asks."""
+    k_cache, k_scale, stride_sb, stride_ss, quant = kernel_operands(k_cache)
+    v_cache, v_scale, _, _, _ = kernel_operands(v_cache)
     b, h, dim = q.shape
     hkv, block_size = k_cache.shape[2], k_cache.shape[1]
     group = h // hkv
@@ -189,6 +212,8 @@ def decode_attention(
         q,
         k_cache,
         v_cache,
+        k_scale,
+        v_scale,
         block_tables,
         context_lens,
         dest,
@@ -198,6 +223,8 @@ def decode_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        stride_sb,
+        stride_ss,
         block_tables.stride(0),
         *so,
         scale,
@@ -211,13 +238,15 @@ def decode_attention(
         "BLOCK_N": block_n,
         "NUM_SPLITS": s_count,
         "PRECISION": dot_precision(q.dtype),
+        "QUANT": quant,
         "num_warps": 4,
     }
     e, width = elem_bytes(q.dtype), block_tables.shape[1]
+    kv_e = k_cache.element_size() + (k_scale.element_size() / dim if quant else 0)
 
     def cost():
         total = int(context_lens.sum()) if total_context is None else total_context
-        return flops(total, h, dim), bytes_moved(b, h, hkv, dim, total, e, width, s_count)
+        return flops(total, h, dim), bytes_moved(b, h, hkv, dim, total, e, width, s_count, kv_e)
 
     launch(_decode_kernel, (b, hkv, s_count), args, meta, cost)
     if s_count > 1:

@@ -8,7 +8,8 @@ anywhere in a block. Grid (query tile, sequence, KV head): each program keeps on
 `BLOCK_M` rows (query tokens × the query heads of one GQA group) in registers, walks K/V
 tiles through the block table up to its last query's position with an online softmax,
 and never writes the score matrix.
-Sequences of one token (decodes) are just n = 1.
+Sequences of one token (decodes) are just n = 1. A quantised cache (`kv_quant.QuantKV`)
+is dequantised tile by tile as it is loaded, as in decode_attention.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kv_quant import kernel_operands
 from ._common import dot_precision, elem_bytes, pow2
+from .decode_attention import dense_cache
 from .launch import launch
 
 
 def ref_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
     """q [T, H, D]; caches [blocks, block_size, Hkv, D]; block_tables [S, W]; cu_seqlens_q
-    [S+1]; context_lens [S] (cached + new). Plain fp32 masked softmax per sequence."""
+    [S+1]; context_lens [S] (cached + new). Plain fp32 masked softmax per sequence.
+    Caches may be QuantKV (read dequantised to q's dtype)."""
+    k_cache, v_cache = dense_cache(k_cache, q.dtype), dense_cache(v_cache, q.dtype)
     h, bs, hkv = q.shape[1], k_cache.shape[1], k_cache.shape[2]
     out = torch.zeros_like(q)
     for i in range(len(context_lens)):
@@ -51,20 +56,24 @@ def flops(pairs: int, heads: int, head_dim: int) -> int:
 
 
 def bytes_moved(num_tokens, heads, kv_heads, head_dim, total_context, num_seqs, elem,
-                table_width) -> int:  # fmt: skip
+                table_width, kv_elem=None) -> int:  # fmt: skip
     """Ideal traffic, as analyzers/model_flops.py counts it: q read and output written once,
-    each sequence's K/V read once per KV head, tables, lengths and query offsets (int32).
+    each sequence's K/V read once per KV head as stored (`kv_elem` bytes per element,
+    scales included; default `elem`), tables, lengths and query offsets (int32).
     The kernel re-reads K/V per query tile and per head of a group (from cache, mostly)."""
-    n = 2 * num_tokens * heads * head_dim * elem + 2 * total_context * kv_heads * head_dim * elem
+    kv_elem = elem if kv_elem is None else kv_elem
+    n = 2 * num_tokens * heads * head_dim * elem
+    n += int(2 * total_context * kv_heads * head_dim * kv_elem)
     return n + 4 * num_seqs * (table_width + 2) + 4
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, len_ptr, o_ptr, stride_qt, stride_qh,
-                    stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh, scale,
-                    head_dim, block_size, GROUP: tl.constexpr, TOK: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    PRECISION: tl.constexpr):  # fmt: skip
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, cu_ptr, len_ptr, o_ptr,
+                    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_sb, stride_ss,
+                    stride_bt, stride_ot, stride_oh, scale, head_dim, block_size,
+                    GROUP: tl.constexpr, TOK: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                    QUANT: tl.constexpr):  # fmt: skip
     tile = tl.program_id(0)
     seq = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -97,6 +106,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, len_ptr, o_ptr, stride_
         kv_off = blk.to(tl.int64) * stride_cb + (pos % block_size) * stride_cs + kvh * stride_ch
         kv_mask = pmask[:, None] & dmask[None, :]
         k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if QUANT:  # values × their (token, head) scale, in the query's dtype
+            s_off = blk.to(tl.int64) * stride_sb + (pos % block_size) * stride_ss + kvh
+            k_scale = tl.load(ks_ptr + s_off, mask=pmask, other=0.0)
+            k = (k.to(tl.float32) * k_scale[:, None]).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         keep = pmask[None, :] & (pos[None, :] <= qpos[:, None])
         s = tl.where(keep, s, float("-inf"))
@@ -106,6 +119,9 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, len_ptr, o_ptr, stride_
         p = tl.exp2(s - m_safe[:, None])
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if QUANT:
+            v_scale = tl.load(vs_ptr + s_off, mask=pmask, other=0.0)
+            v = (v.to(tl.float32) * v_scale[:, None]).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
@@ -130,6 +146,8 @@ def prefill_attention(
     """q [T, H, D] (last dim contiguous) → [T, H, D] (into `out` when given). `pairs` and
     `total_context` (host-side sums) feed the cost model; None reads them back from the
     device when a probe asks."""
+    k_cache, k_scale, stride_sb, stride_ss, quant = kernel_operands(k_cache)
+    v_cache, v_scale, _, _, _ = kernel_operands(v_cache)
     t, h, dim = q.shape
     num_seqs = context_lens.shape[0]
     hkv, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -146,6 +164,8 @@ def prefill_attention(
         q,
         k_cache,
         v_cache,
+        k_scale,
+        v_scale,
         block_tables,
         cu_seqlens_q,
         context_lens,
@@ -155,6 +175,8 @@ def prefill_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        stride_sb,
+        stride_ss,
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
@@ -169,16 +191,18 @@ def prefill_attention(
         "BLOCK_N": block_n,
         "BLOCK_D": pow2(dim, 16),
         "PRECISION": dot_precision(q.dtype),
+        "QUANT": quant,
         "num_warps": 4,
     }
     e, width = elem_bytes(q.dtype), block_tables.shape[1]
+    kv_e = k_cache.element_size() + (k_scale.element_size() / dim if quant else 0)
 
     def cost():
         lens = context_lens.tolist() if pairs is None or total_context is None else None
         n_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist() if lens else None
         p = causal_pairs(n_q, lens) if pairs is None else pairs
         c = sum(lens) if total_context is None else total_context
-        return flops(p, h, dim), bytes_moved(t, h, hkv, dim, c, num_seqs, e, width)
+        return flops(p, h, dim), bytes_moved(t, h, hkv, dim, c, num_seqs, e, width, kv_e)
 
     launch(_prefill_kernel, grid, args, meta, cost)
     return out
