@@ -171,6 +171,13 @@ class BlockManager:
         for _ in range(self.blocks_needed(req, num_new_tokens)):
             req.block_table.append(self._take(req.request_id))
 
+    def free_tail(self, req: Request, num_tokens: int) -> None:
+        """Free `req`'s blocks past those `num_tokens` tokens use (speculative decoding:
+        the slots of drafts not proposed or rejected), tail first."""
+        keep = self.blocks_for(num_tokens)
+        while len(req.block_table) > keep:
+            self._unref(req.block_table.pop(), req.request_id)
+
     def free(self, req: Request) -> None:
         # Tail first: the LRU then evicts a prefix's tail before its head.
         for bid in reversed(req.block_table):

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import ConfigError
+from .speculative.spec_config import SpeculativeConfig
 
 ARCHITECTURES = ("llama", "qwen2", "qwen2_moe")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -321,6 +322,8 @@ class EngineConfig:
     # Mixture of experts over those ranks: the rank of each expert, E / N per rank (empty:
     # contiguous, rank r holding experts [r·E/N, (r+1)·E/N)).
     expert_placement: tuple[int, ...] = ()
+    # Speculative decoding (speculative/): a proposer drafts, one target forward verifies.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len == 0:
@@ -367,6 +370,7 @@ class EngineConfig:
         )
         if self.tensor_parallel_size != 1:
             self._check_tensor_parallel()
+            _require(self.speculative is None, "speculative decoding runs without --tp for now")
         object.__setattr__(self, "expert_placement", tuple(int(r) for r in self.expert_placement))
         if self.expert_placement:
             self._check_expert_placement()

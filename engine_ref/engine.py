@@ -9,6 +9,7 @@ flight still reads or writes: release happens only after sampling has synchronis
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -31,18 +32,24 @@ from .moe import placement
 from .request import CompletionOutput, InvalidRequestError, Request, RequestOutput, SamplingParams
 from .sampler import Sampler
 from .scheduler import Scheduler
+from .speculative.engine_steps import SpeculativeSteps
+from .speculative.factory import make_proposer
+from .speculative.proposer import Proposer
 from .tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["LLMEngine", "Prompt", "build_model", "local_kv_blocks"]
 
 
-class LLMEngine(RequestIntake, StepRecords):
+class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps):
     def __init__(
         self,
         config: EngineConfig | None = None,
         observer: EngineObserver | None = None,
         tokenizer: Tokenizer | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
+        """`proposer`: drafts for speculative decoding instead of the one
+        `config.speculative` names (which must be set: it gives K)."""
         self.config = config = config or EngineConfig()
         self.observer = observer
         device = torch.device(config.device)
@@ -72,6 +79,7 @@ class LLMEngine(RequestIntake, StepRecords):
             config.max_model_len,
             config.max_wait_ns,
             self.watermark_blocks,
+            config.speculative.num_tokens if config.speculative else 0,
         )
         runner_cls, extra = ModelRunner, {}
         if self.tp is not None:
@@ -92,6 +100,9 @@ class LLMEngine(RequestIntake, StepRecords):
             self.runner.graphs = DecodeGraphs(
                 self.runner, config.cuda_graph_batch_sizes, config.max_model_len
             ).capture()
+        self.proposer = proposer or make_proposer(config)  # speculative drafts, or None
+        if self.proposer is not None:
+            self.scheduler.on_release = self.proposer.release
         self.tokenizer = tokenizer or load_tokenizer(
             config.model_path, mcfg.bos_token_id, (mcfg.eos_token_ids or (None,))[0]
         )
@@ -175,8 +186,11 @@ class LLMEngine(RequestIntake, StepRecords):
                 obs.on_phase(PhaseEvent(step_id, StepPhase.SCHEDULE, t0, t1))
                 self._schedule_events(sched, step_id, t1)
                 counts = self._kv_and_queue_counts()
+            drafts, draft_probs = self._draft(sched, step_id, t1 if obs is not None else 0)
+            if obs is not None and self.proposer is not None and sched.lookahead:
+                t1 = time.monotonic_ns()  # prepare starts after the draft phase
             try:
-                inp = self.runner.prepare(sched.scheduled)
+                inp = self.runner.prepare(sched.scheduled, drafts)
                 if obs is not None:
                     t2 = time.monotonic_ns()
                     obs.on_phase(PhaseEvent(step_id, StepPhase.PREPARE, t1, t2))
@@ -187,12 +201,25 @@ class LLMEngine(RequestIntake, StepRecords):
                     t3 = time.monotonic_ns()
                     obs.on_phase(PhaseEvent(step_id, StepPhase.FORWARD, t2, t3))
                 tokens, logprobs = self.runner.sample(logits, inp)
+                verified = self.runner.verify(
+                    logits, inp, [draft_probs[r.request_id] for r in inp.verify_reqs]
+                )
             finally:
                 self.runner.release()  # sampling copied the tokens to the host: step done
             if obs is not None:
                 t4 = time.monotonic_ns()
                 obs.on_phase(PhaseEvent(step_id, StepPhase.SAMPLE, t3, t4))
-            outputs, comp = self._postprocess(inp, tokens, logprobs, step_id)
+            if verified:  # the verified requests' tokens and KV are theirs to apply
+                verifying = {id(r) for r in inp.verify_reqs}
+                plain = [x for x in inp.batch if id(x[0]) not in verifying]
+                outputs, comp = self._postprocess(
+                    dataclasses.replace(inp, batch=plain), tokens, logprobs, step_id
+                )
+                spec_outputs, spec_events = self._apply_verified(inp, verified, step_id)
+                outputs.extend(spec_outputs)
+                comp = (comp[0], comp[1], comp[2] + len(verified))
+            else:
+                outputs, comp = self._postprocess(inp, tokens, logprobs, step_id)
             self._apply_queued(step_id)  # aborts that arrived mid-step: nothing is in flight now
             outputs.extend(self._outputs)
             self._outputs = []
@@ -201,6 +228,8 @@ class LLMEngine(RequestIntake, StepRecords):
                 obs.on_phase(PhaseEvent(step_id, StepPhase.POSTPROCESS, t4, t5))
                 if self._expert_rank is not None:
                     obs.on_expert_loads(self._expert_loads(step_id))
+                if verified:
+                    obs.on_spec_decode(spec_events)
                 obs.on_step(
                     StepEvent(
                         step_id,

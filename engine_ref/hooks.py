@@ -50,6 +50,10 @@ class RequestEvent(NamedTuple):
 class StepPhase(str, Enum):
     SCHEDULE = "schedule"  # admission, preemption, swap copies
     PREPARE = "prepare_inputs"  # token ids, positions, slot mapping, block tables
+    # Speculative decoding: the proposer drafting for the step's running decodes (it runs
+    # right after SCHEDULE, since the batch's layout needs the drafts); FORWARD then also
+    # verifies the drafts and SAMPLE is the rejection sampling.
+    DRAFT = "draft"
     FORWARD = "forward"  # model forward incl. logits (host time: on CUDA it ends at launch)
     SAMPLE = "sample"  # sampling; copies the tokens to the host, so it synchronises
     POSTPROCESS = "post_process"  # append tokens, stop checks, cache blocks, free, aborts
@@ -129,6 +133,18 @@ class ExpertLoadEvent(NamedTuple):
     tokens: int
 
 
+class SpecDecodeEvent(NamedTuple):
+    """Speculative decoding: one verified request in one step. Drafts 0..accepted-1 were
+    accepted and draft `accepted` (if any) rejected; `emitted` tokens were appended
+    (accepted + 1, fewer when a stop or the length cap cut the run short)."""
+
+    step_id: int
+    request_id: str
+    drafted: int
+    accepted: int
+    emitted: int
+
+
 class EngineObserver:
     """Base class with no-op methods: subclass and override what you record."""
 
@@ -142,6 +158,10 @@ class EngineObserver:
 
     def on_rank_steps(self, events: list[RankStepEvent]) -> None:
         """Tensor parallelism: the workers' forwards, delivered like `on_collectives`."""
+
+    def on_spec_decode(self, events: list[SpecDecodeEvent]) -> None:
+        """Speculative decoding: the step's verified requests, once per step after
+        sampling and before `on_step` (none in a step that verified nothing)."""
 
     def on_request(self, event: RequestEvent) -> None:
         pass
@@ -168,6 +188,7 @@ class RecordingObserver(EngineObserver):
         self.step_begins: list[StepBegin] = []
         self.phases: list[PhaseEvent] = []
         self.steps: list[StepEvent] = []
+        self.spec: list[SpecDecodeEvent] = []
 
     def on_request(self, event: RequestEvent) -> None:
         self.requests.append(event)
@@ -180,6 +201,9 @@ class RecordingObserver(EngineObserver):
 
     def on_step(self, event: StepEvent) -> None:
         self.steps.append(event)
+
+    def on_spec_decode(self, events: list[SpecDecodeEvent]) -> None:
+        self.spec.extend(events)
 
     def of(self, request_id: str) -> list[RequestEvent]:
         return [e for e in self.requests if e.request_id == request_id]

@@ -5,11 +5,15 @@ single-token requests (decodes) first, then prefill chunks. Request r with `star
 r.num_computed_tokens` computes tokens [start, start + n) at those positions, writing their
 K/V to `slot = block_table[pos // block_size] * block_size + pos % block_size`. A request
 samples when the step computes its last known token.
+
+Speculative decoding: a decode with k draft tokens computes its last token and the drafts
+(k + 1 positions, laid out like a prefill chunk) and keeps the logits of all k + 1; its
+rows follow the plain sampling rows (`verify_reqs`, `drafts`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -20,6 +24,7 @@ from .kv_cache import KVCache
 from .model import LlamaModel
 from .request import Request
 from .sampler import Sampler
+from .speculative.rejection import Verified, verify
 
 
 class StepPlan(NamedTuple):
@@ -46,6 +51,8 @@ class ModelInput:
     sample_reqs: list[Request]
     num_context_tokens: int
     plan: StepPlan | None = None
+    verify_reqs: list[Request] = field(default_factory=list)  # after sample_reqs' rows
+    drafts: list[list[int]] = field(default_factory=list)  # per verify request
 
 
 class ModelRunner:
@@ -70,9 +77,16 @@ class ModelRunner:
             self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.graphs = None  # cuda_graphs.DecodeGraphs: replays decode-only steps
 
-    def prepare(self, scheduled: list[tuple[Request, int]]) -> ModelInput:
+    def prepare(
+        self, scheduled: list[tuple[Request, int]], drafts: dict[str, list[int]] | None = None
+    ) -> ModelInput:
+        """`drafts`: draft tokens by request id, for decodes the step verifies."""
         bs = self.block_size
+        drafts = drafts or {}
+        scheduled = [(r, n + len(drafts.get(r.request_id, ()))) for r, n in scheduled]
         batch = [x for x in scheduled if x[1] == 1] + [x for x in scheduled if x[1] > 1]
+        verify_idx: list[int] = []
+        verify_reqs: list[Request] = []
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -85,7 +99,14 @@ class ModelRunner:
         for r, n in batch:
             start, end, bt = r.num_computed_tokens, r.num_computed_tokens + n, r.block_table
             offset = len(ids)
-            ids.extend(r.all_token_ids[start:end])
+            draft = drafts.get(r.request_id)
+            if draft:  # the last token, then the drafts: every position is verified
+                ids.append(r.all_token_ids[start])
+                ids.extend(draft)
+                verify_idx.extend(range(offset, offset + n))
+                verify_reqs.append(r)
+            else:
+                ids.extend(r.all_token_ids[start:end])
             pos.extend(range(start, end))
             new_slots = [bt[p // bs] * bs + p % bs for p in range(start, end)]
             slots.extend(new_slots)
@@ -96,15 +117,18 @@ class ModelRunner:
                 decode_ctx.append(end)
             else:
                 prefills.append((offset, start, end, n, used))
-            if end == r.num_tokens:
+            if end == r.num_tokens and not draft:
                 sample_idx.append(offset + n - 1)
                 sample_reqs.append(r)
             if self.guard is not None:
                 self.guard.check_access(r.request_id, used, {s // bs for s in new_slots})
                 self.guard.pin(used)
-        plan = StepPlan(ids, pos, slots, decode_tables, decode_ctx, prefills, sample_idx,
-                        num_context)  # fmt: skip
-        return self.build(plan, batch, sample_reqs)
+        plan = StepPlan(ids, pos, slots, decode_tables, decode_ctx, prefills,
+                        sample_idx + verify_idx, num_context)  # fmt: skip
+        inp = self.build(plan, batch, sample_reqs)
+        inp.verify_reqs = verify_reqs
+        inp.drafts = [drafts[r.request_id] for r in verify_reqs]
+        return inp
 
     def build(self, plan: StepPlan, batch=None, sample_reqs=None) -> ModelInput:
         """The step's tensors on this runner's device, from its plan."""
@@ -170,7 +194,20 @@ class ModelRunner:
         reqs = inp.sample_reqs
         if not reqs:
             return [], []
-        return self.sampler(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        return self.sampler(
+            logits[: len(reqs)], [r.params for r in reqs], [r.generator for r in reqs]
+        )
+
+    def verify(
+        self, logits: torch.Tensor, inp: ModelInput, draft_probs: list | None = None
+    ) -> list[Verified]:
+        """Rejection-sample the verified requests' drafts (their rows follow the plain
+        sampling rows); `draft_probs` per verify request, None for one-hot drafts."""
+        if not inp.verify_reqs:
+            return []
+        probs = draft_probs or [None] * len(inp.verify_reqs)
+        return verify(logits[len(inp.sample_reqs) :], inp.verify_reqs, inp.drafts, probs,
+                      self.sampler.generator)  # fmt: skip
 
     def release(self) -> None:
         """The step's reads and writes are done (sampling synchronised with the device)."""

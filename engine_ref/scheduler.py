@@ -11,6 +11,9 @@ Order of service, one step:
      than `max_wait_ms`) first, then preempted ones, then by arrival ("fcfs") or by the
      longest cached prefix ("prefix"). Admission stops at the first request that does not
      fit, so nothing overtakes the head of the line.
+With speculative decoding (`spec_tokens` K > 0) a running decode also gets slots for up to
+K draft tokens after its last one (within its token maximum and the step's budget), taken
+like any decode's: they may preempt. The engine frees the ones verification rejects.
 Admission keeps a reserve: the watermark plus the blocks running requests (and the new one)
 need for their next `decode_reserve_tokens` tokens, unless nothing runs at all.
 """
@@ -18,6 +21,7 @@ need for their next `decode_reserve_tokens` tokens, unless nothing runs at all.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
@@ -32,6 +36,8 @@ class SchedulerOutput:
     swapped_in: list[Request] = field(default_factory=list)
     preempted: list[tuple[Request, str, int]] = field(default_factory=list)  # (req, mode, lost)
     num_cached_tokens: int = 0
+    # Speculative decoding: draft slots allocated per running decode (request id -> k).
+    lookahead: dict[str, int] = field(default_factory=dict)
     # Why a request still waits after this step's admission (BLOCKED_BY), "" when none does.
     blocked_by: str = ""
 
@@ -50,6 +56,7 @@ class Scheduler:
         max_model_len: int,
         max_wait_ns: int | None,
         watermark_blocks: int,
+        spec_tokens: int = 0,
     ) -> None:
         self.cfg = cfg
         self.bm = block_manager
@@ -59,6 +66,10 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
+        self.spec_tokens = spec_tokens
+        # Told the id of each request that finishes, aborts or is preempted (the proposer's
+        # per-request state goes with it).
+        self.on_release: Callable[[str], None] | None = None
 
     def add(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
@@ -78,15 +89,18 @@ class Scheduler:
             if n == 0:
                 i += 1
                 continue
-            while not self.bm.can_append(req, n):
+            k = self._lookahead(req, n, budget)
+            while not self.bm.can_append(req, n + k):
                 victim = self.running.pop()  # the latest admitted, never one already scheduled
                 self._preempt(victim, out)
                 if victim is req:
                     break
             else:
-                self.bm.append_slots(req, n)
+                self.bm.append_slots(req, n + k)
                 out.scheduled.append((req, n))
-                budget -= n
+                if k:
+                    out.lookahead[req.request_id] = k
+                budget -= n + k
                 i += 1
                 continue
             break  # req preempted itself: it was the last one
@@ -105,6 +119,14 @@ class Scheduler:
         if self.cfg.enable_chunked_prefill:
             return min(n, self.cfg.chunk_size, budget)
         return n if n <= budget else 0
+
+    def _lookahead(self, req: Request, n: int, budget: int) -> int:
+        """Draft slots for a running decode: K, fewer near its token maximum (k drafts
+        emit up to k + 1 tokens) or the step's budget."""
+        if not self.spec_tokens or n != 1 or req.num_output_tokens == 0:
+            return 0
+        return max(0, min(self.spec_tokens, req.max_total_tokens - req.num_tokens - 1,
+                          budget - 1))  # fmt: skip
 
     def _growth(self, req: Request, held_blocks: int) -> int:
         """Blocks beyond `held_blocks` that `req` needs for its next `decode_reserve_tokens`
@@ -200,9 +222,11 @@ class Scheduler:
         if self.cfg.preemption_mode == "swap" and self.bm.can_swap_out(req):
             self.bm.swap_out(req)
             req.status = RequestStatus.SWAPPED
+            self._released(req)
             self.swapped.appendleft(req)  # victims go lowest priority first: this one is ahead
             out.preempted.append((req, "swap", computed))
             return
+        self._released(req)
         self.bm.free(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
@@ -213,6 +237,7 @@ class Scheduler:
         self.running.remove(req)
         self.bm.free(req)
         req.status = status
+        self._released(req)
 
     def abort(self, req: Request) -> None:
         """Release everything `req` holds. Call only between steps (nothing in flight)."""
@@ -225,3 +250,8 @@ class Scheduler:
             self.waiting.remove(req)
         self.bm.free(req)
         req.status = RequestStatus.FINISHED_ABORTED
+        self._released(req)
+
+    def _released(self, req: Request) -> None:
+        if self.on_release is not None:
+            self.on_release(req.request_id)

@@ -22,6 +22,7 @@ from ..engine_ref.hooks import (
     RankStepEvent,
     RequestEvent,
     RequestEventKind,
+    SpecDecodeEvent,
     StepBegin,
     StepEvent,
 )
@@ -135,6 +136,16 @@ class RunRecorder(EngineObserver):
         for e in events:
             counter(("expert_tokens", ts, float(e.tokens),
                      f"layer{e.layer}/expert{e.expert}/rank{e.rank}"))  # fmt: skip
+
+    def on_spec_decode(self, events: list[SpecDecodeEvent]) -> None:
+        # Speculative decoding: one row per counter per verified request, at the step's
+        # start, scoped by the request id (acceptance by position follows from accepted
+        # of drafted: positions 0..accepted-1 accepted, position accepted rejected).
+        counter, ts = self._counter, self._step_start_ns
+        for e in events:
+            counter(("spec_drafted", ts, float(e.drafted), e.request_id))
+            counter(("spec_accepted", ts, float(e.accepted), e.request_id))
+            counter(("spec_emitted", ts, float(e.emitted), e.request_id))
 
     def on_close(self) -> None:
         if self._window is not None:
