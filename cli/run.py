@@ -68,6 +68,15 @@ def run(
         int | None,
         _opt("--kv-blocks", panel=ENGINE, help="KV pool size in blocks (overrides --kv-cache-mb)."),
     ] = None,
+    kv_dtype: Annotated[
+        str | None,
+        _opt(
+            "--kv-dtype",
+            panel=ENGINE,
+            help="KV-cache storage: auto (the model dtype), int8 or fp8 (e4m3), with one scale "
+            "per token and KV head: more blocks in the same --kv-cache-mb [auto].",
+        ),
+    ] = None,
     block_size: Annotated[
         int | None, _opt("--block-size", panel=ENGINE, help="Tokens per KV block [16].")
     ] = None,

@@ -26,6 +26,7 @@ class EngineOptions:
     dtype: str | None = None  # None: float32 on the CPU, bfloat16 on CUDA
     kv_cache_mb: float = 256.0
     kv_blocks: int | None = None  # overrides kv_cache_mb
+    kv_dtype: str = "auto"  # KV storage: the model's dtype, or int8 / fp8 with scales
     block_size: int = 16
     chunk_size: int | None = 512  # None: chunked prefill off
     prefix_cache: bool = True
@@ -59,7 +60,11 @@ class EngineOptions:
                 f"KV cache size must be a number of MiB in (0, {MAX_KV_CACHE_MB:,}], "
                 f"got {self.kv_cache_mb}"
             )
-        from ..engine_ref.router import RouterPolicy  # pure Python: no torch
+        from ..engine_ref.config import KV_DTYPES  # pure Python: no torch
+        from ..engine_ref.router import RouterPolicy
+
+        if self.kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"--kv-dtype {self.kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
 
         RouterPolicy.parse(self.router).check_replicas(self.dp)
         if self.dp > 1 and self.tp > 1:
@@ -102,6 +107,7 @@ class EngineOptions:
             num_gpu_blocks=self.kv_blocks,
             kv_cache_bytes=int(self.kv_cache_mb * 2**20),
             enable_prefix_caching=self.prefix_cache,
+            kv_dtype=self.kv_dtype,
         )
         scheduler = SchedulerConfig(
             max_num_seqs=self.max_seqs,

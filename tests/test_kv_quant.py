@@ -208,3 +208,25 @@ def test_smollm2_quantised_kv_against_float(smollm2, kv_dtype):
 
 def test_qmax_are_the_formats_largest_values():
     assert QMAX["int8"] == 127 and QMAX["fp8"] == torch.finfo(torch.float8_e4m3fn).max
+
+
+def test_cli_refuses_a_bad_kv_dtype_in_one_line(cli, tmp_path):
+    res = cli("run", "--preset", "tiny", "--kv-dtype", "int4", "-n", "1", "-o", tmp_path / "r")
+    assert res.returncode == 1
+    assert res.stderr.strip().count("\n") == 0 and "--kv-dtype 'int4'" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_run_records_the_kv_dtype(tmp_path):
+    from typer.testing import CliRunner
+
+    from perfdiag import load_run
+    from perfdiag.cli import app
+
+    out = tmp_path / "run"
+    args = ["run", "--preset", "tiny", "--kv-dtype", "fp8", "-n", "4", "--warmup", "0"]
+    res = CliRunner().invoke(app, [*args, "--no-device-sampling", "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    run = load_run(out)
+    assert run.manifest.config["engine_config"]["cache"]["kv_dtype"] == "fp8"
+    assert len(run.requests) == 4 and run.requests["output_tokens"].gt(0).all()
