@@ -151,7 +151,9 @@ def metric_deltas(
     ):
         ta, tb = get(a.metrics.throughput), get(b.metrics.throughput)
         out.append(make_delta(key, label, unit, ta, tb, np.nan, np.nan, lower_is_better=False))
-    return tuple(out)
+    from .compare_spec import spec_deltas  # (it imports this module)
+
+    return (*out, *spec_deltas(a, b))
 
 
 def make_delta(metric, label, unit, a, b, lo, hi, lower_is_better: bool) -> MetricDelta:

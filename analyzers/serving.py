@@ -34,6 +34,8 @@ from .run_config import engine_setting
 from .scheduler import BindingLimits, Composition, Preemptions, binding_limits, composition
 from .scheduler import preemptions as find_preemptions
 from .slo import Slo
+from .speculative import SpecSummary, has_speculation
+from .speculative import summarize as summarize_speculation
 from .steady_state import INTERNAL, Window, find_window
 from .step_cost import MIN_STEPS, StepCostModel, fit_step_cost
 from .step_cost_roofline import hardware_of
@@ -68,6 +70,9 @@ class ServingAnalysis:
     preemptions: Preemptions | Missing
     cache: CacheAnalysis | Missing
     fairness: Fairness | Missing
+    # Speculative decoding's figures, only when the run recorded its spec_* counters
+    # (None otherwise: nothing about speculation is inferred from an absent column).
+    speculative: SpecSummary | None = None
     timings: tuple[Timing, ...] = field(default=(), metadata=INTERNAL)
 
 
@@ -110,6 +115,9 @@ def analyze_serving(run: Run, slo: Slo | None = None, steady: bool = True) -> Se
         probe_stalls=stalls,
         inflation=inflation,
         limits=limits if limits is not None else Missing("limits", ("steps.num_waiting",)),
+        speculative=(
+            timed("speculative", summarize_speculation, run) if has_speculation(run) else None
+        ),
     )
     if isinstance(lc, Missing):
         names = ("window", "metrics", "ttft", "itl", "load", "preemptions", "cache", "fairness")

@@ -56,6 +56,10 @@ def print_tables(a) -> None:
     ):
         if not isinstance(section, Missing):
             printer(section)
+    if getattr(a, "speculative", None) is not None:  # only runs with the spec_* counters
+        from .analyze_spec import print_speculative
+
+        print_speculative(a.speculative)
 
 
 def print_missing(a) -> None:

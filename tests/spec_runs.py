@@ -78,3 +78,56 @@ def plain_run(steps=200, batch=(2, 3, 4), fixed_ms=4.0, per_seq_ms=0.5, other_ms
         steps=pd.DataFrame(rows),
         manifest=SimpleNamespace(config={"engine_config": {"speculative": None}}),
     )
+
+
+def write_run(path, run):
+    """`run` (spec_run or plain_run) as a run directory: its steps, phases and counters,
+    and engine-side lifecycles for its requests (one token event per emitted token; a
+    plain run's requests emit one per step they are in)."""
+    from perfdiag.traces.schema import Counter, Request, RequestEvent, Span, Step
+    from perfdiag.traces.writer import RunWriter
+
+    steps = run.steps
+    c = run.counters
+    emitted = c[c["name"] == "spec_emitted"]
+    by_step = {}
+    if len(emitted):
+        ts_step = dict(zip(steps["start_ns"], steps["step_id"], strict=True))
+        for ts, rid, n in zip(emitted["ts_ns"], emitted["scope"], emitted["value"], strict=True):
+            by_step.setdefault(ts_step[ts], []).append((rid, int(n)))
+    else:
+        for sid, b in zip(steps["step_id"], steps["num_decode_seqs"], strict=True):
+            by_step[sid] = [(f"r{r}", 1) for r in range(b)]
+    ends = dict(zip(steps["step_id"], steps["end_ns"], strict=True))
+    events, counts, last = [], {}, {}
+    rids = sorted({rid for rows in by_step.values() for rid, _ in rows})
+    for rid in rids:
+        events += [RequestEvent(rid, "arrival", 0), RequestEvent(rid, "queued", 0),
+                   RequestEvent(rid, "scheduled", 0, step_id=0)]  # fmt: skip
+    for sid in sorted(by_step):
+        for rid, n in by_step[sid]:
+            for _ in range(n):
+                kind = "first_token" if rid not in counts else "token"
+                events.append(RequestEvent(rid, kind, int(ends[sid]), step_id=int(sid)))
+                counts[rid] = counts.get(rid, 0) + 1
+            last[rid] = int(ends[sid])
+    for rid in rids:
+        events.append(RequestEvent(rid, "finished", last[rid], detail="length"))
+    config = {"engine_config": run.manifest.config.get("engine_config", {})}
+    with RunWriter(path, command=["test"], config=config, environment_info={"test": True}) as w:
+        w.table("requests").extend(Request(rid, 16, counts[rid], 0, "length") for rid in rids)
+        w.table("request_events").extend(events)
+        w.table("steps").extend(
+            Step(
+                int(r.step_id), int(r.start_ns), int(r.end_ns), 0, 0, int(r.num_decode_seqs), rank=0
+            )
+            for r in steps.itertuples()
+        )
+        w.table("spans").extend(
+            Span(r.name, "phase", int(r.start_ns), int(r.dur_ns), step_id=int(r.step_id))
+            for r in run.spans.itertuples()
+        )
+        w.table("counters").extend(
+            Counter(r.name, int(r.ts_ns), float(r.value), r.scope) for r in c.itertuples()
+        )
+    return path
