@@ -15,6 +15,8 @@ number of steps at once (every field may be an array). Conventions (docs/timelin
 - RMSNorm 4 FLOPs/element, RoPE 3, SiLU-and-multiply 5, residual add 1;
 - quantised weights (`weight_bytes` packed, `dequant_flops` > 0): each linear layer reads
   its packed weight once and dequantises it once per step (`for_weight_format`);
+- a quantised KV cache (`for_kv_dtype`): K/V bytes as stored, one byte an element plus its
+  per-(token, head) scale;
 - the final norm runs on every token; the LM head only on sampled positions;
 - mixture of experts (`num_experts` > 0): a token computes its router, its top-k experts
   and the shared expert (`intermediate_size` is then the shared expert's; 0: none), so
@@ -136,6 +138,30 @@ def for_weight_format(m: ModelShape, fmt: str | None) -> ModelShape:
         return m
     wb, dq = WEIGHT_FORMATS[fmt]
     return replace(m, weight_bytes=wb, dequant_flops=dq)
+
+
+# engine_ref's quantised KV caches (engine_ref/kv_quant.py): one byte an element and one
+# fp32 scale per (token, KV head).
+KV_QUANT_DTYPES = ("int8", "fp8")
+KV_SCALE_BYTES = 4
+
+
+def for_kv_dtype(m: ModelShape, kv_dtype: str | None) -> ModelShape:
+    """The shape with K/V bytes as a quantised cache stores them, the scale spread over
+    head_dim; "auto" or None (a run recorded before the field existed): as is."""
+    if kv_dtype not in KV_QUANT_DTYPES:
+        return m
+    return replace(m, kv_bytes=1 + KV_SCALE_BYTES / m.head_dim)
+
+
+def for_engine_config(m: ModelShape, engine: dict | None) -> ModelShape:
+    """The shape as an engine_ref run's `engine_config` (the manifest's) stored it: packed
+    weights (`weight_format`) and a quantised KV cache (`cache.kv_dtype`)."""
+    if not isinstance(engine, dict):
+        return m
+    cache = engine.get("cache")
+    kv_dtype = cache.get("kv_dtype") if isinstance(cache, dict) else None
+    return for_kv_dtype(for_weight_format(m, engine.get("weight_format")), kv_dtype)
 
 
 @dataclass(frozen=True)

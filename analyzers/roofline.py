@@ -18,7 +18,7 @@ import pandas as pd
 from ..hardware.ceilings import Ceilings, named, resolve
 from ..traces.reader import Run
 from .jit_compile import compiled_launches
-from .model_flops import ModelShape, StepShape, for_weight_format, step_totals
+from .model_flops import ModelShape, StepShape, for_engine_config, step_totals
 from .run_config import section
 
 LATENCY_FLOOR = 0.25
@@ -182,8 +182,8 @@ def roofline_report(
         except (ValueError, TypeError, ArithmeticError) as e:  # a config edited or foreign
             note = f"the run's model config describes no model ({e})"[:300]
         engine = config.get("engine_config") if isinstance(config, dict) else None
-        if model is not None and isinstance(engine, dict):  # --weights q4_1|q8_0
-            model = for_weight_format(model, engine.get("weight_format"))
+        if model is not None and isinstance(engine, dict):  # --weights, --kv-dtype
+            model = for_engine_config(model, engine)
     steps = pd.DataFrame()
     if model is not None and len(run.steps):
         s = run.steps

@@ -175,7 +175,7 @@ def hardware_of(run, ceilings_dir=None) -> Hardware | None:
     or None when the run does not record a model config that describes a model."""
     from ..errors import ConfigError
     from ..hardware.ceilings import resolve
-    from .model_flops import for_weight_format
+    from .model_flops import for_engine_config
     from .roofline import _run_dtype, find_model_config, run_device, run_gpu
 
     config = run.manifest.config
@@ -189,7 +189,7 @@ def hardware_of(run, ceilings_dir=None) -> Hardware | None:
         return None
     engine = config.get("engine_config") if isinstance(config, dict) else None
     if isinstance(engine, dict):
-        model = for_weight_format(model, engine.get("weight_format"))
+        model = for_engine_config(model, engine)
     try:
         c = resolve(run_device(run), ceilings_dir, gpu=run_gpu(run))
         peak = c.peak_flops(dtype)
