@@ -174,6 +174,15 @@ def run(
             "R0,R1,… with E/N per rank (e.g. 0,1,1,0,1,0,0,1) [contiguous].",
         ),
     ] = None,
+    speculative: Annotated[
+        str | None,
+        _opt(
+            "--speculative",
+            panel=ENGINE,
+            help="Speculative decoding: ngram:K (prompt lookup) or draft:PRESET_OR_FILE:K (a "
+            "draft model sharing the tokenizer), K draft tokens per step in 1..16 [off].",
+        ),
+    ] = None,
     # workload
     workload: Annotated[
         str | None,

@@ -33,7 +33,7 @@ def build_options(flags: dict):
         "cuda_graphs": True if g("cuda_graphs") else None, "model_seed": g("model_seed"),
         "weights": g("weights"), "model_file": str(model_file) if model_file else None,
         "tp": g("tp"), "dp": g("dp"), "router": g("router"), "expert_bias": g("expert_bias"),
-        "expert_placement": g("expert_placement"),
+        "expert_placement": g("expert_placement"), "speculative": g("speculative"),
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
     if g("no_chunked_prefill"):

@@ -48,6 +48,8 @@ class EngineOptions:
     expert_bias: str | None = None
     # "R0,R1,…": the rank of each expert over the --tp ranks (None: contiguous)
     expert_placement: str | None = None
+    # Speculative decoding: "ngram:K" or "draft:PRESET_OR_FILE:K" (None: off)
+    speculative: str | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
@@ -73,6 +75,8 @@ class EngineOptions:
             parse_expert_bias(self.expert_bias)
         if self.expert_placement is not None:
             parse_expert_placement(self.expert_placement)
+        if self.speculative is not None:
+            parse_speculative_flag(self.speculative)
         for name in ("seed", "model_seed"):
             value = getattr(self, name)
             if not 0 <= value <= MAX_SEED:
@@ -131,6 +135,7 @@ class EngineOptions:
             cuda_graphs=self.cuda_graphs,
             tensor_parallel_size=self.tp,
             expert_placement=parse_expert_placement(self.expert_placement or ""),
+            speculative=parse_speculative_flag(self.speculative) if self.speculative else None,
         )
 
 
@@ -149,6 +154,16 @@ def parse_expert_bias(text: str) -> tuple[tuple[int, float], ...]:
             raise ConfigError(f"bad --expert-bias {text!r}: experts >= 0, finite biases")
         out.append((e, b))
     return tuple(out)
+
+
+def parse_speculative_flag(text: str):
+    """--speculative's value -> SpeculativeConfig; a one-line ConfigError if malformed."""
+    from ..engine_ref.speculative.spec_config import parse_speculative  # no torch
+
+    try:
+        return parse_speculative(text)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def parse_expert_placement(text: str) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from perfdiag.engine_ref import LLMEngine, RecordingObserver
+from perfdiag.engine_ref import LLMEngine, RecordingObserver, SamplingParams
 from perfdiag.engine_ref import RequestEventKind as K
 from perfdiag.engine_ref.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from perfdiag.engine_ref.kv_cache import KVCache, bytes_per_block, num_blocks_for_bytes
@@ -230,3 +230,21 @@ def test_cli_run_records_the_kv_dtype(tmp_path):
     run = load_run(out)
     assert run.manifest.config["engine_config"]["cache"]["kv_dtype"] == "fp8"
     assert len(run.requests) == 4 and run.requests["output_tokens"].gt(0).all()
+
+
+def test_tensor_parallel_quantised_cache_with_swaps_equals_one_rank():
+    """Each rank quantises its own KV heads, and a scale is per head, so TP = 2 stores what
+    TP = 1 stores; the swaps rank 0 schedules carry the workers' scales too."""
+    cache = CacheConfig(block_size=4, num_gpu_blocks=36, num_cpu_blocks=200, watermark=0.0,
+                        kv_dtype="int8")  # fmt: skip
+    sched = SchedulerConfig(chunk_size=16, max_num_batched_tokens=64, decode_reserve_tokens=0,
+                            preemption_mode="swap")  # fmt: skip
+    kw = dict(model=ModelConfig.preset("tiny"), cache=cache, scheduler=sched)
+    prompts = ["Hello world", "The quick brown fox jumps over", "abc", "tensor parallel " * 5]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    want = [o.token_ids for o in LLMEngine(EngineConfig(**kw)).generate(prompts, params)]
+    obs = RecordingObserver()
+    with LLMEngine(EngineConfig(**kw, tensor_parallel_size=2), observer=obs) as two:
+        got = [o.token_ids for o in two.generate(prompts, params)]
+    assert got == want
+    assert any(s.cpu_blocks_used for s in obs.steps)  # swapped, not recomputed

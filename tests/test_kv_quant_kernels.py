@@ -11,6 +11,7 @@ import torch
 from perfdiag.engine_ref.kernels import decode_attention as dec
 from perfdiag.engine_ref.kernels import kv_store
 from perfdiag.engine_ref.kernels import prefill_attention as pre
+from perfdiag.engine_ref.kernels._common import interpreting
 from perfdiag.engine_ref.kernels.testing import assert_close, device_cases, scattered_tables
 from perfdiag.engine_ref.kv_quant import STORAGE, QuantKV, quantize
 
@@ -119,3 +120,25 @@ def test_engine_triton_backend_equals_torch_backend(device, dtype, kind):
         outs[backend] = [o.token_ids for o in engine.generate([[256, *range(1, 23)], [256, 9]],
                                                               params)]  # fmt: skip
     assert outs["triton"] == outs["torch"]
+
+
+@pytest.mark.skipif(not interpreting(), reason="needs TRITON_INTERPRET=1")
+def test_emulated_cuda_graphs_on_a_quantised_cache():
+    """The CUDA-graph runner's static-buffer path (padding rows with slot −1 and length 0)
+    over an int8 cache, emulated on the CPU: the tokens of the eager PyTorch path."""
+    from dataclasses import replace
+
+    from perfdiag.engine_ref import LLMEngine
+    from perfdiag.engine_ref.cuda_graphs import DecodeGraphs
+    from perfdiag.engine_ref.testing import run, tiny_config, workload
+
+    items = workload(n=7, seed=4, max_prompt=20)
+    cfg = tiny_config()
+    cfg = replace(cfg, cache=replace(cfg.cache, kv_dtype="int8"))
+    want = run(LLMEngine(cfg), items, per_step=3).tokens
+    engine = LLMEngine(replace(cfg, kernel_backend="triton"))
+    graphs = DecodeGraphs(engine.runner, (1, 2, 4), cfg.max_model_len, mode="emulate")
+    engine.runner.graphs = graphs.capture()
+    got = run(engine, items, per_step=3)
+    assert got.tokens == want
+    assert graphs.replays > 0 and engine.is_drained()

@@ -215,6 +215,24 @@ def test_records_add_up():
         assert emitted[rid] == len(tokens) - len(plain_steps)
 
 
+def test_draft_model_proposer_plugs_in():
+    # The same random-weight preset as the target drafts: a perfect draft, greedy.
+    items = repetitive(6) + workload(4, seed=7)
+    plain = run(engine(), items)
+    obs = RecordingObserver()
+    eng = engine(SpeculativeConfig("draft", 3, "tiny"), observer=obs)
+    spec = run(eng, items)
+    assert spec.tokens == plain.tokens
+    assert obs.spec and all(e.accepted == e.drafted for e in obs.spec)
+    assert eng.is_drained()
+    # Sampled requests verify against the draft's own distributions (q not one-hot).
+    sampled = [WorkItem(it.prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=12))
+               for i, it in enumerate(items)]  # fmt: skip
+    first = run(engine(SpeculativeConfig("draft", 3, "tiny")), sampled)
+    again = run(engine(SpeculativeConfig("draft", 3, "tiny")), sampled, per_step=2)
+    assert first.tokens == again.tokens
+
+
 # The real model: a few prompts that invite copying (n-gram drafts get accepted).
 REAL_PROMPTS = [
     "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
