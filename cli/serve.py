@@ -94,6 +94,14 @@ def serve(
         bool, _opt("--prefix-cache/--no-prefix-cache", panel=ENGINE, help="Prefix cache [on].")
     ] = True,
     seed: Annotated[int, _opt("--seed", panel=ENGINE, help="Sampler seed [0].")] = 0,
+    speculative: Annotated[
+        str | None,
+        _opt(
+            "--speculative",
+            panel=ENGINE,
+            help="Speculative decoding: ngram:K or draft:PRESET_OR_FILE:K [off].",
+        ),
+    ] = None,
     out_dir: Annotated[
         Path | None,
         typer.Option(
@@ -117,7 +125,7 @@ def serve(
                                    prefix_cache=prefix_cache, max_seqs=max_seqs,
                                    max_batched_tokens=max_batched_tokens, seed=seed,
                                    model_file=str(model_file) if model_file else None,
-                                   weights=weights)  # fmt: skip
+                                   weights=weights, speculative=speculative)  # fmt: skip
     default_name = model_file.stem if model_file else model_dir.name if model_dir else preset
     name = served_model_name or default_name
     config = ServerConfig(host=host, port=port, model_name=name, api_key=api_key,

@@ -54,3 +54,11 @@ def test_ngram_run_is_recorded(cli, tmp_path):
     for key, n in per_step.items():
         assert n == (verified.get(key, 1)), key
     assert set(verified.index) <= set(per_step.index)
+
+
+def test_serve_refuses_a_bad_value_in_one_line(cli):
+    result = cli("serve", "--preset", "tiny", "--no-record", "--speculative", "draft:tiny")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["perfdiag: error: bad --speculative 'draft:tiny': use ngram:K or "
+                     "draft:PRESET_OR_FILE:K with K in 1..16"]  # fmt: skip
