@@ -186,9 +186,11 @@ class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps):
                 obs.on_phase(PhaseEvent(step_id, StepPhase.SCHEDULE, t0, t1))
                 self._schedule_events(sched, step_id, t1)
                 counts = self._kv_and_queue_counts()
-            drafts, draft_probs = self._draft(sched, step_id, t1 if obs is not None else 0)
-            if obs is not None and self.proposer is not None and sched.lookahead:
-                t1 = time.monotonic_ns()  # prepare starts after the draft phase
+            drafts, draft_probs, t_drafted = self._draft(
+                sched, step_id, t1 if obs is not None else 0
+            )
+            if t_drafted:
+                t1 = t_drafted  # prepare follows the draft phase
             try:
                 inp = self.runner.prepare(sched.scheduled, drafts)
                 if obs is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 
@@ -199,8 +200,11 @@ def test_records_add_up():
     spec_steps = {e.step_id for e in obs.spec}
     draft_steps = {p.step_id for p in obs.phases if p.phase == StepPhase.DRAFT}
     assert spec_steps and spec_steps <= draft_steps
-    for p in (p for p in obs.phases if p.phase == StepPhase.DRAFT):
-        assert p.start_ns <= p.end_ns
+    for step in draft_steps:  # contiguous phases; the draft right after scheduling
+        phases = sorted((p for p in obs.phases if p.step_id == step), key=lambda p: p.start_ns)
+        assert [p.phase for p in phases][:3] == [StepPhase.SCHEDULE, StepPhase.DRAFT,
+                                                 StepPhase.PREPARE]  # fmt: skip
+        assert all(a.end_ns == b.start_ns for a, b in pairwise(phases))
     emitted = Counter()
     verified = set()
     for e in obs.spec:

@@ -15,11 +15,12 @@ from .rejection import Verified
 
 class SpeculativeSteps:
     def _draft(self, sched: SchedulerOutput, step_id: int, t_start: int):
-        """Drafts (request id -> tokens) and their draft probabilities (None: one-hot) for
-        the decodes that have draft slots; slots no draft uses are freed at once."""
+        """Drafts (request id -> tokens), their draft probabilities (None: one-hot) for the
+        decodes that have draft slots, and the draft phase's end (0: no phase, or nobody
+        observes); slots no draft uses are freed at once."""
         lookahead = sched.lookahead
         if self.proposer is None or not lookahead:
-            return {}, {}
+            return {}, {}, 0
         by_k: dict[int, list] = {}
         for req, _ in sched.scheduled:
             k = lookahead.get(req.request_id)
@@ -35,11 +36,11 @@ class SpeculativeSteps:
                     probs[req.request_id] = None if q is None else q[: len(tokens)]
                 # Slots for the last token and the drafts it got, no more.
                 self.block_manager.free_tail(req, req.num_tokens + len(tokens))
+        t_end = 0
         if self.observer is not None:
-            self.observer.on_phase(
-                PhaseEvent(step_id, StepPhase.DRAFT, t_start, time.monotonic_ns())
-            )
-        return drafts, probs
+            t_end = time.monotonic_ns()
+            self.observer.on_phase(PhaseEvent(step_id, StepPhase.DRAFT, t_start, t_end))
+        return drafts, probs, t_end
 
     def _apply_verified(self, inp: ModelInput, verified: list[Verified], step_id: int):
         """Append each verified request's emitted tokens (cut at a stop), keep the KV of
