@@ -81,6 +81,9 @@ def serve(
     kv_blocks: Annotated[
         int | None, _opt("--kv-blocks", panel=ENGINE, help="KV pool size in blocks.")
     ] = None,
+    kv_dtype: Annotated[
+        str, _opt("--kv-dtype", panel=ENGINE, help="KV storage: auto, int8 or fp8 [auto].")
+    ] = "auto",
     chunk_size: Annotated[
         int, _opt("--chunk-size", panel=ENGINE, help="Prefill chunk per request [512].")
     ] = 512,
@@ -121,7 +124,7 @@ def serve(
 
     engine_options = EngineOptions(preset=preset, model_dir=str(model_dir) if model_dir else None,
                                    device=device, dtype=dtype, kv_cache_mb=kv_cache_mb,
-                                   kv_blocks=kv_blocks, chunk_size=chunk_size,
+                                   kv_blocks=kv_blocks, kv_dtype=kv_dtype, chunk_size=chunk_size,
                                    prefix_cache=prefix_cache, max_seqs=max_seqs,
                                    max_batched_tokens=max_batched_tokens, seed=seed,
                                    model_file=str(model_file) if model_file else None,

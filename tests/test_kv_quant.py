@@ -248,3 +248,11 @@ def test_tensor_parallel_quantised_cache_with_swaps_equals_one_rank():
         got = [o.token_ids for o in two.generate(prompts, params)]
     assert got == want
     assert any(s.cpu_blocks_used for s in obs.steps)  # swapped, not recomputed
+
+
+def test_serve_refuses_a_bad_kv_dtype_in_one_line(cli):
+    res = cli("serve", "--preset", "tiny", "--no-record", "--kv-dtype", "fp4")
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert res.stderr.strip().splitlines() == [
+        "perfdiag: error: --kv-dtype 'fp4': use one of auto, int8, fp8"
+    ]
