@@ -228,7 +228,8 @@ def test_draft_model_proposer_plugs_in():
     spec = run(eng, items)
     assert spec.tokens == plain.tokens
     assert obs.spec and all(e.accepted == e.drafted for e in obs.spec)
-    assert eng.is_drained()
+    draft_pool = eng.proposer.block_manager  # the draft's own KV went back too
+    assert eng.is_drained() and draft_pool.num_free_blocks == draft_pool.num_blocks
     # Sampled requests verify against the draft's own distributions (q not one-hot).
     sampled = [WorkItem(it.prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=12))
                for i, it in enumerate(items)]  # fmt: skip
