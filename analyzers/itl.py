@@ -184,6 +184,10 @@ def _split_steps(parts, lc, g, steps: StepTimeline, sp: StepParts, own_pos, own_
     pos = steps.index_of(e["step"].to_numpy()[own_pos])
     ok = pos >= 0
     pos, gi = pos[ok], own_gap[ok]
+    # A step counts once per gap, however many of the delivery's tokens it made (a
+    # speculative step emits several, delivered together).
+    pair = np.unique(np.stack([gi, pos]), axis=1)
+    gi, pos = pair[0], pair[1]
     lo = np.maximum(steps.start[pos], t_prev[gi])
     hi = np.minimum(steps.end[pos], cut[gi])
     dur = steps.end[pos] - steps.start[pos]

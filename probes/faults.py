@@ -12,6 +12,9 @@ happened. The points, and where their time lands in the lifecycle:
 - `schedule_delay_ms`: inside each step's `schedule` phase — a slow scheduler;
 - `step_gap_ms`: after each step ends and before the next begins — host work between
   forward passes (output processing, detokenisation, bookkeeping).
+- `draft_delay_ms`: inside each call for speculative drafts (the `draft` phase) — a slow
+  proposer, its time where a slow draft model's or n-gram lookup's would be. Applied by
+  wrapping the engine's proposer (`slow_proposer`), not at a hook.
 
 - `slow_rank` (tensor parallelism): one rank made slower from outside its process, so
   the others wait for it in every collective — `slow_rank_neighbours` processes spinning
@@ -51,7 +54,8 @@ from ..engine_ref.hooks import (
 from ..errors import ConfigError
 
 # The faults that spend time at an engine hook (FaultObserver); the rest act from outside.
-_HOOK_FAULTS = ("input_delay_ms", "input_delay_per_token_us", "schedule_delay_ms", "step_gap_ms")
+_HOOK_FAULTS = ("input_delay_ms", "input_delay_per_token_us", "schedule_delay_ms", "step_gap_ms",
+                "draft_delay_ms")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class FaultOptions:
     input_delay_per_token_us: float = 0.0
     schedule_delay_ms: float = 0.0
     step_gap_ms: float = 0.0
+    draft_delay_ms: float = 0.0
     busy: bool = False
     slow_rank: int | None = None
     slow_rank_neighbours: int = 0
@@ -99,6 +104,11 @@ class FaultOptions:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def slow_proposer(self, engine) -> None:
+        """With `draft_delay_ms`: the engine's proposer spends it in every propose call."""
+        if self.draft_delay_ms > 0 and getattr(engine, "proposer", None) is not None:
+            engine.proposer = SlowProposer(engine.proposer, self.draft_delay_ms * 1e-3, self.busy)
 
     def wrap(self, observer: EngineObserver) -> EngineObserver:
         """The observer to give the engine: `observer` itself when no fault is set."""
@@ -140,6 +150,9 @@ class FaultObserver(EngineObserver):
 
     def on_phase(self, event: PhaseEvent) -> None:
         self.inner.on_phase(event)
+
+    def on_spec_decode(self, events) -> None:  # an EngineObserver no-op unless forwarded
+        self.inner.on_spec_decode(events)
 
     def on_step(self, event: StepEvent) -> None:
         self.inner.on_step(event)
@@ -237,3 +250,17 @@ def _stall(pid: int, stall_s: float, period_s: float, stop: threading.Event) -> 
         finally:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGCONT)
+
+
+class SlowProposer:
+    """A proposer that spends `seconds` in each propose call before the real one's."""
+
+    def __init__(self, inner, seconds: float, busy: bool):
+        self.inner, self.seconds, self.busy = inner, seconds, busy
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def propose(self, requests, k):
+        spend(self.seconds, self.busy)
+        return self.inner.propose(requests, k)

@@ -124,6 +124,8 @@ def record_run(
             decode=engine.tokenizer.decode if options.probes.record_text else None,
         )
         engine.observer = faults.wrap(recorder) if faults is not None else recorder
+        if faults is not None:
+            faults.slow_proposer(engine)
         sink = engine.observer
         if dp > 1:  # a recorder per replica, step ids unique across them
             sink = attach(replicas, lambda i: RunRecorder(

@@ -80,10 +80,12 @@ def plain_run(steps=200, batch=(2, 3, 4), fixed_ms=4.0, per_seq_ms=0.5, other_ms
     )
 
 
-def write_run(path, run):
+def write_run(path, run, client: bool = False):
     """`run` (spec_run or plain_run) as a run directory: its steps, phases and counters,
     and engine-side lifecycles for its requests (one token event per emitted token; a
-    plain run's requests emit one per step they are in)."""
+    plain run's requests emit one per step they are in). `client`: client events too, a
+    step's tokens reaching the client in one chunk 0.1 ms after the step (as a server
+    streams speculative output)."""
     from perfdiag.traces.schema import Counter, Request, RequestEvent, Span, Step
     from perfdiag.traces.writer import RunWriter
 
@@ -108,11 +110,22 @@ def write_run(path, run):
         for rid, n in by_step[sid]:
             for _ in range(n):
                 kind = "first_token" if rid not in counts else "token"
-                events.append(RequestEvent(rid, kind, int(ends[sid]), step_id=int(sid)))
                 counts[rid] = counts.get(rid, 0) + 1
+                events.append(RequestEvent(rid, kind, int(ends[sid]), step_id=int(sid),
+                                           num_tokens=counts[rid]))  # fmt: skip
             last[rid] = int(ends[sid])
+            if client:
+                kind = "first_token" if counts[rid] == n else "chunk"
+                at = int(ends[sid]) + MS // 10
+                events.append(RequestEvent(rid, kind, at, side="client", num_tokens=n))
+                if kind == "first_token":
+                    events.append(RequestEvent(rid, "chunk", at, side="client", num_tokens=n))
     for rid in rids:
         events.append(RequestEvent(rid, "finished", last[rid], detail="length"))
+        if client:
+            events += [RequestEvent(rid, "sent", 0, side="client"),
+                       RequestEvent(rid, "done", last[rid] + MS // 5, side="client",
+                                    num_tokens=counts[rid])]  # fmt: skip
     config = {"engine_config": run.manifest.config.get("engine_config", {})}
     with RunWriter(path, command=["test"], config=config, environment_info={"test": True}) as w:
         w.table("requests").extend(Request(rid, 16, counts[rid], 0, "length") for rid in rids)
