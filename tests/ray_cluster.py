@@ -34,11 +34,12 @@ AUTH_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
 
 def ray_installed() -> bool:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return RAY.exists()
+    """Whether Ray is installed, without importing it: Ray reads RAY_AUTH_MODE once, when
+    first imported, so importing it before start_cluster sets the token would leave this
+    process unable to join."""
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None and RAY.exists()
 
 
 def _free_port() -> int:
