@@ -4,6 +4,8 @@ cached, rejected or shares its batch with; its KV is trimmed, bounded and freed.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from perfdiag.engine_ref.testing import tiny_config, with_cache
 from perfdiag.errors import ConfigError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=200)
+DRAFT = "smollm2-135m"  # the real model's file preset: its Q4_1 blocks
 BS = 4  # tiny_config's block size: drafts and rejections cross block boundaries
 
 
@@ -199,14 +202,17 @@ def test_the_default_pool_holds_the_targets_tokens():
 
 
 @pytest.mark.slow
-def test_smollm2_drafts_for_itself_in_q4_1():
-    """The real model drafting for its float self: the draft runs the file's own Q4_1
-    blocks, and its drafts are what that engine decodes greedily without speculation."""
+def test_smollm2_q4_1_drafts_for_its_float_self():
+    """The real model drafting for its float self with the file's own Q4_1 blocks: the
+    drafts are what that Q4_1 engine decodes greedily, and the engine's speculative output
+    is token-identical to its plain output, in far fewer steps (the same weights: nearly
+    every draft is accepted)."""
     from smollm2_model import PROMPTS, smollm2_path
 
     from perfdiag.engine_ref.config import EngineConfig
     from perfdiag.engine_ref.engine import LLMEngine
     from perfdiag.engine_ref.gguf_loader import read_gguf_config
+    from perfdiag.engine_ref.speculative.spec_config import SpeculativeConfig
 
     path = smollm2_path()
     target = EngineConfig(
@@ -215,10 +221,20 @@ def test_smollm2_drafts_for_itself_in_q4_1():
         max_model_len=512,
         cache=CacheConfig(kv_cache_bytes=32 * 2**20),
     )
-    p = DraftModelProposer.from_target(target, "smollm2-135m")
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    plain_engine = LLMEngine(target)
+    plain = plain_engine.generate(PROMPTS, params)
+    spec_engine = LLMEngine(replace(target, speculative=SpeculativeConfig("draft", 4, DRAFT)))
+    spec = spec_engine.generate(PROMPTS, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert spec_engine._step_id * 2 < plain_engine._step_id
+    p = spec_engine.proposer
     assert p.config.weight_format == "q4_1" and p.config.model.vocab_size == 49152
-    engine = LLMEngine(p.config)  # the draft's config, run without speculation
+    assert spec_engine.is_drained() and held_blocks(p) == 0 and not p.seqs
+
     k = 6
-    want = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True))
-    reqs = [request(f"m{i}", w.prompt_token_ids) for i, w in enumerate(want)]
-    assert [x.tokens for x in p.propose(reqs, k)] == [w.token_ids for w in want]
+    q4_1 = LLMEngine(p.config).generate(  # the draft's config, without speculation
+        PROMPTS, SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True)
+    )
+    reqs = [request(f"m{i}", w.prompt_token_ids) for i, w in enumerate(q4_1)]
+    assert [x.tokens for x in p.propose(reqs, k)] == [w.token_ids for w in q4_1]
