@@ -16,7 +16,10 @@ from .json_output import print_json
 def import_trace(
     traces: Annotated[
         list[Path],
-        typer.Argument(help="Kineto Chrome-JSON traces (.json or .json.gz), one per rank."),
+        typer.Argument(
+            help="Kineto Chrome-JSON traces (.json or .json.gz), one per rank; a directory: "
+            "every *.json and *.json.gz in it."
+        ),
     ],
     run: Annotated[Path, typer.Option("--out", "-o", help="The run directory to create.")],
     copy_raw: Annotated[
@@ -42,6 +45,25 @@ def import_trace(
             max=1 << 24,
         ),
     ] = None,
+    use_ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Import each file in a Ray task, on a local cluster started for it "
+            "(docs/ray_import.md).",
+        ),
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="With --ray: a running Ray cluster's address instead (or 'auto')."),
+    ] = None,
+    parts_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --ray: where the tasks write each rank's run part (kept); on a "
+            "real cluster, a shared filesystem path. Default: beside --out, removed."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Import PyTorch-profiler traces (several ranks of one job become one run)."""
@@ -49,9 +71,21 @@ def import_trace(
 
     from ..errors import ConfigError
     from ..traces.importers.kineto import import_kineto
+    from ..traces.importers.ray_import import trace_files
 
     if jobs is not None and jobs < 1:
         raise ConfigError("--jobs must be at least 1")
+    traces = trace_files(traces)
+    if not use_ray and (parts_dir is not None or ray_address is not None):
+        raise ConfigError("--parts-dir and --ray-address go with --ray")
+    if use_ray:
+        if jobs is not None:
+            raise ConfigError("--jobs does not apply with --ray (each task reads one file)")
+        from .import_ray import import_ray
+
+        import_ray(traces, run, address=ray_address, parts_dir=parts_dir, copy_raw=copy_raw,
+                   ranks=rank or None, as_json=as_json)  # fmt: skip
+        return
     s = import_kineto(
         traces,
         run,

@@ -29,6 +29,7 @@ FACT_MEASURES: dict[str, Measure] = {
     "incomplete_lifecycles": Measure("requests with incomplete lifecycles", "%"),
     "unexplained_latency": Measure("TTFT or ITL unexplained", "%"),
     "missing_tables": Measure("tables without rows"),
+    "missing_parts": Measure("parts of the run that never arrived"),
     "lost_rows": Measure("recorded rows whose table file is missing"),
     # step 1
     "unpinned": Measure("unrecorded things a reproduction needs"),

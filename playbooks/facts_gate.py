@@ -224,6 +224,23 @@ def lost_rows(ctx: TriageContext) -> Fact:
     return Fact(int(sum(lost.values())), (ev("tables", "tables lost", tables or "none"),))
 
 
+@fact("missing_parts", provides=("parts", "reasons"))
+def missing_parts(ctx: TriageContext) -> Fact | Unavailable:
+    """Parts of a run assembled from parts (a --ray import's ranks) that never arrived:
+    the manifest's `parts_missing`, each {part, reason, …}; the run holds the rest."""
+    parts = ctx.run.manifest.extra.get("parts_missing")
+    if parts is None:
+        return Unavailable("the run was not assembled from parts")
+    parts = [p for p in parts if isinstance(p, dict)] if isinstance(parts, list) else []
+    names = ", ".join(str(p.get("part", "?")) for p in parts)
+    reasons = "; ".join(f"{p.get('part', '?')}: {p.get('reason', 'unknown')}" for p in parts)
+    evidence = (
+        ev("parts", "missing parts", names or "none"),
+        ev("reasons", "why", reasons or "none"),
+    )
+    return Fact(len(parts), evidence)
+
+
 @fact("missing_tables", provides=("tables", "absent"))
 def missing_tables(ctx: TriageContext) -> Fact:
     """How many of the run's tables hold no rows (absent or empty: an imported profiler
