@@ -52,6 +52,12 @@ def main() -> None:
     ap.add_argument("--per-client", type=int, default=3, help="requests per client [3]")
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens for accuracy [32]")
     ap.add_argument("--skip", default="", help="comma list: runs, accuracy")
+    ap.add_argument(
+        "--fixed-only",
+        action="store_true",
+        help="only the fixed-load runs, dtypes interleaved, --rounds times",
+    )
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     skip = set(a.skip.split(","))
@@ -101,21 +107,24 @@ def runs(a, out: Path, capacity: dict) -> None:
 
     fixed = capacity["auto"]
     plan = []  # (label, kv dtype, clients)
-    for kv in DTYPES:
+    if a.fixed_only:  # interleaved: the machine's drift falls on every dtype alike
+        for r in range(a.rounds):
+            plan += [(f"{kv} c={fixed} #{r + 1}", kv, fixed) for kv in DTYPES]
+    for kv in DTYPES if not a.fixed_only else ():
         for clients in sorted({fixed, capacity[kv], 2 * capacity[kv]}):
             plan.append((f"{kv} c={clients}", kv, clients))
     print(
-        f"\n{'run':<14}{'clients':>8}{'preempt':>8}{'peak run':>9}{'mean run':>9}"
+        f"\n{'run':<17}{'clients':>8}{'preempt':>8}{'peak run':>9}{'mean run':>9}"
         f"{'ITL p50 ms':>11}{'ITL p99 ms':>11}{'TTFT p50 s':>11}{'tok/s':>7}{'wall s':>7}"
     )
     for label, kv, clients in plan:
-        path = out / label.replace(" ", "_").replace("=", "")
+        path = out / label.replace(" ", "_").replace("=", "").replace("#", "r")
         wall = record(path, kv, clients, a)
         run = load_run(path)
         m = analyze_serving(run).metrics
         s = run.steps
         itl = m.itl_per_token_s
-        print(f"{label:<14}{clients:>8}{int(s['num_preempted'].fillna(0).sum()):>8}"
+        print(f"{label:<17}{clients:>8}{int(s['num_preempted'].fillna(0).sum()):>8}"
               f"{int(s['num_running'].max()):>9}{s['num_running'].mean():>9.1f}"
               f"{itl.p50 * 1e3:>11.1f}{itl.p99 * 1e3:>11.1f}{m.ttft_s.p50:>11.2f}"
               f"{m.throughput.output_tokens_per_s:>7.1f}{wall:>7.0f}", flush=True)  # fmt: skip
