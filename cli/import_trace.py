@@ -71,7 +71,7 @@ def import_trace(
 
     from ..errors import ConfigError
     from ..traces.importers.kineto import import_kineto
-    from ..traces.importers.ray_import import trace_files
+    from ..traces.importers.trace_files import trace_files
 
     if jobs is not None and jobs < 1:
         raise ConfigError("--jobs must be at least 1")

@@ -166,3 +166,49 @@ def test_a_dead_task_leaves_its_rank_out_and_the_gate_says_so(cluster, tmp_path)
     checks = {f.check: f for f in run_triage(TriageContext(run)).findings if f.step == 0}
     assert "parts-missing" in checks
     assert "rank 2, rank 3" in checks["parts-missing"].title
+
+
+def test_cross_rank_names_the_straggler_and_the_rank_waited_for():
+    import pandas as pd
+
+    from perfdiag.analyzers.rank_summary import RankSummary
+
+    # Step 7: rank 1's window is longest (12 vs the median 11); the one collective: rank 2
+    # enters last (at 130), so rank 0 waits 30 and rank 1 waits 10.
+    b = pd.DataFrame({"rank_key": [0, 1, 2], "step": [7, 7, 7], "name": "ProfilerStep#7",
+                      "start_ns": 0, "end_ns": [10, 12, 11], "wall_ns": [10, 12, 11],
+                      "idle_ns": [5, 2, 1]})  # fmt: skip
+    r = pd.DataFrame({"rank_key": [0, 1, 2], "kind": "gpu", "resource": "gpu 0",
+                      "busy_ns": [4, 9, 9], "idle_ns": [6, 3, 2]})  # fmt: skip
+    c = pd.DataFrame({"rank": [0, 1, 2], "where": "gpu", "name": "ncclKernel_AllReduce",
+                      "seq": 0, "start_ns": [100, 120, 130], "dur_ns": [50, 30, 20]})  # fmt: skip
+    x = cross_rank(RankSummary(b, r, c))
+    assert x.straggler_rank == 1 and x.waited_for_rank == 2
+    assert x.stragglers.to_dict("records") == [
+        {"step": 7, "ranks": 3, "slowest_rank": 1, "wall_ns": 12, "median_ns": 11, "excess_ns": 1}
+    ]
+    assert x.per_rank["wait_ns"].tolist() == [30, 10, 0]
+    assert x.per_rank["busy_ns"].tolist() == [5, 10, 10]
+    assert x.per_rank["gpu_idle_ns"].tolist() == [6, 3, 2]
+    assert x.imbalance == 0.5
+    assert x.collectives[["slowest_rank", "lateness_ns", "wall_ns"]].values.tolist() == [
+        [2, 30, 50]
+    ]
+
+
+@needs_ray
+def test_bad_ray_options_are_one_line_errors(tmp_path):
+    trace = KINETO / "cpu_only.json.gz"
+    cli = [sys.executable, "-m", "perfdiag", "import", str(trace), "--out", str(tmp_path / "r")]
+    for extra, says in (
+        (
+            ["--ray", "--ray-address", "127.0.0.1:1"],
+            "nothing answers there",
+        ),  # no minutes of retries
+        (["--parts-dir", str(tmp_path / "p")], "go with --ray"),
+        (["--ray", "--jobs", "2"], "--jobs does not apply with --ray"),
+    ):
+        done = subprocess.run([*cli, *extra], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and says in done.stderr, (extra, done.stderr[-500:])
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()

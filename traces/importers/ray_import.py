@@ -48,7 +48,6 @@ from .kineto_identity import assign_ranks, read_identity
 # (as an OOM kill or a segfault in a native reader would), passed to the workers.
 KILL_ENV = "PERFDIAG_RAY_IMPORT_KILL"
 TIME_COLUMNS = {"spans": "start_ns", "counters": "ts_ns"}  # what a time base shift moves
-TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 @dataclass
@@ -59,22 +58,6 @@ class RayImportSummary(ImportSummary):
     missing: list[dict] = field(default_factory=list)  # {rank, path, reason}
     per_rank: list[Any] = field(default_factory=list)  # what `per_rank` returned, file order
     task_seconds: float = 0.0  # the tasks' own import time, summed
-
-
-def trace_files(args: list[Path]) -> list[Path]:
-    """The trace files named: a directory stands for every *.json / *.json.gz in it."""
-    files: list[Path] = []
-    for a in args:
-        if a.is_dir():
-            found = sorted(
-                p for p in a.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
-            )
-            if not found:
-                raise ConfigError(f"{a}: no *.json or *.json.gz trace files in the directory")
-            files += found
-        else:
-            files.append(a)
-    return files
 
 
 def import_with_ray(
@@ -172,6 +155,8 @@ def _connect(address: str | None):
     if ray.is_initialized():
         return ray, False
     local = address in (None, "", "local")
+    if not local:
+        _check_reachable(address)
     try:
         ray.init(address=None if local else address, include_dashboard=False,
                  logging_level=logging.ERROR, log_to_driver=False)  # fmt: skip
@@ -180,6 +165,17 @@ def _connect(address: str | None):
         where = "start a local Ray cluster" if local else f"connect to Ray at {address}"
         raise ConfigError(f"--ray: cannot {where} ({first})") from None
     return ray, True
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse at once an address nothing listens on: ray.init retries it for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return  # Ray's own forms ("auto") and errors
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"--ray-address {address}: nothing answers there ({e})") from None
 
 
 def _gather(ray, refs: list) -> list:
