@@ -367,6 +367,24 @@ def run(
             "in the run's server/profile and imported as server/trace.",
         ),
     ] = None,
+    clients: Annotated[
+        int | None,
+        _opt(
+            "--clients",
+            panel=TARGET,
+            help="With --target: split the load over N client processes placed by Ray (spread "
+            "over its nodes), merged into one run (docs/ray.md) [1: this process, no Ray].",
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        _opt(
+            "--ray",
+            panel=TARGET,
+            help="With --target: the Ray cluster (HOST:PORT, or auto) that runs the clients "
+            "[a local one, started for the run].",
+        ),
+    ] = None,
 ) -> None:
     """Run the reference engine under a workload with probes attached, into a new run."""
     flags = dict(locals())

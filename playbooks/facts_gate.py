@@ -72,20 +72,24 @@ def _steps(pair) -> str:
     return "–" if not pair else f"{pair[0]}..{pair[1]}"
 
 
-@fact("clock_uncertainty_ms", provides=("origin_ms", "profiler_ms"))
+@fact("clock_uncertainty_ms", provides=("origin_ms", "profiler_ms", "clients_ms"))
 def clock_uncertainty_ms(ctx: TriageContext) -> Fact | Unavailable:
     """How far timestamps from different clocks may be off (ms): the manifest's clock
-    origin and, with a profiler window, the pinning of its trace to the run's clock."""
+    origin, with a profiler window the pinning of its trace to the run's clock, and with
+    load split over client shards (--clients) the alignment of their clocks."""
     origin = ctx.run.manifest.clock.get("uncertainty_ns")
     window = ctx.run.manifest.extra.get("profiler_window") or {}
     prof = window.get("clock_sync_uncertainty_ns") if isinstance(window, dict) else None
-    known = [int(x) for x in (origin, prof) if isinstance(x, int | float)]
+    shards = ctx.run.manifest.extra.get("client_shards") or {}
+    clients = shards.get("clock_uncertainty_ns") if isinstance(shards, dict) else None
+    known = [int(x) for x in (origin, prof, clients) if isinstance(x, int | float)]
     if not known:
         return Unavailable("the manifest records no clock uncertainty")
     value = max(known) / 1e6
     evidence = (
         ev("origin_ms", "clock origin", ms_or_nan(origin), "ms"),
         ev("profiler_ms", "profiler trace pinning", ms_or_nan(prof), "ms"),
+        ev("clients_ms", "load client shards' clocks", ms_or_nan(clients), "ms"),
     )
     return Fact(value, evidence)
 

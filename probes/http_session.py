@@ -75,8 +75,16 @@ class HttpOptions:
     max_connections: int = 0  # 0: unlimited (the workload's concurrency governs)
     launch: LaunchSpec | None = None  # start this server, drive it, stop it (server_launch)
     server_profile: ServerProfileSpec | None = None  # vLLM's profiler window (server_profile)
+    clients: int = 1  # > 1: the load split over client actors placed by Ray (ray_load)
+    ray_address: str | None = None  # a Ray cluster for the clients (None: local)
+
+    @property
+    def sharded(self) -> bool:
+        return self.clients > 1 or self.ray_address is not None
 
     def __post_init__(self) -> None:
+        if self.clients < 1:
+            raise ConfigError(f"--clients must be >= 1, got {self.clients}")
         if self.server_profile is not None:
             check_launch(self.launch)
         if self.url is None and self.launch is None:
@@ -205,7 +213,13 @@ def record_http_run(options: RunOptions, out_dir: Path, command: list[str] | Non
     """Like `session.record_run` (same call), against `http.url` instead of an engine.
     With `http.launch` the server is started first (its log kept in the run as
     server/server.log, `on_launched` told once it is healthy) and stopped at the end,
-    whatever happens: done, failed, Ctrl-C or SIGTERM."""
+    whatever happens: done, failed, Ctrl-C or SIGTERM. With `http.clients` > 1 or a Ray
+    address, the load is split over client actors (probes/ray_load.py)."""
+    if http.sharded:  # only then is Ray imported
+        from .ray_load import record_sharded_run
+
+        return record_sharded_run(options, out_dir, command, on_progress, progress_interval_s,
+                                  http=http)  # fmt: skip
     out_dir = Path(out_dir)
     launch = http.launch
     created = _claim_directory(out_dir)

@@ -90,6 +90,10 @@ def build_options(flags: dict):
     if g("server_profile") is not None and g("launch") is None:
         raise ConfigError("--server-profile needs --launch: perfdiag turns vLLM's profiler on "
                           "in the command it starts")  # fmt: skip
+    clients, ray = g("clients"), g("ray")
+    if (clients is not None or ray is not None) and not g("target"):
+        raise ConfigError("--clients and --ray need --target URL: the clients drive a running "
+                          "server (a launched one is local to this machine)")  # fmt: skip
     period = g("metrics_period")
     if period is not None and not (g("target") or g("launch") is not None):
         raise ConfigError("--metrics-period needs --target or --launch")
@@ -110,8 +114,10 @@ def build_options(flags: dict):
 
             window = ServerProfileSpec.parse(g("server_profile"))
         scrape = {} if period is None else {"scrape_period_s": period or None}
+        shards = {} if clients is None else {"clients": clients}
         http = HttpOptions(url=g("target"), api_key=g("api_key"), launch=launch,
-                           server_profile=window, **scrape)  # fmt: skip
+                           server_profile=window, ray_address=ray or None, **scrape,
+                           **shards)  # fmt: skip
     return options, http
 
 

@@ -52,7 +52,8 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
             ("no_triton_probe", bool)),
     *_flags(None, ("out_dir", Path), ("like", Path), ("quiet", bool)),
     *_flags(TARGET, ("target", str), ("api_key", str), ("launch", str),
-            ("launch_timeout", float), ("metrics_period", float), ("server_profile", str)),
+            ("launch_timeout", float), ("metrics_period", float), ("server_profile", str),
+            ("clients", int), ("ray", str)),
 )
 # fmt: on
 
