@@ -113,6 +113,15 @@ def oracle_run(items, plain, wrong_at=None, observer=None, cache=None, scheduler
     return run(eng, items), eng, proposer
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_greedy_identical_on_a_quantised_kv_cache(kv_dtype):
+    # Verify slices write and read the quantised cache as decodes do.
+    cache = CacheConfig(block_size=4, num_gpu_blocks=256, check_ownership=True,
+                        kv_dtype=kv_dtype)  # fmt: skip
+    plain, spec, obs, eng = both(repetitive(9) + workload(6, seed=3), cache=cache)
+    assert spec.tokens == plain.tokens and accepted(obs) > 0 and eng.is_drained()
+
+
 def test_stop_tokens_inside_an_accepted_run_cut_it_there():
     items = repetitive(8)
     plain = run(engine(), items)
