@@ -47,7 +47,7 @@ def test_a_slow_draft_is_named_as_what_eats_the_gain_with_numbers():
     f = finding(_ctx(spec_run(alpha=0.8, draft_ms=30.0), plain_run()), "spec-no-speedup")
     assert isinstance(f, object) and f is not None and f.severity == "critical"
     assert "draft time eats it: 30.00 ms per step" in f.title
-    assert re.search(r"though \d+% of drafts are accepted", f.title)
+    assert re.search(r"with \d+% of drafts accepted", f.title)
     ev = {e.name: e.value for e in f.evidence}
     assert ev["speedup"] < 1 and ev["eaten_by"] == "draft time"
     assert ev["plain_source"].startswith("the baseline run")

@@ -152,6 +152,12 @@ _MOE_WORKLOAD = dict(
     output_len=_len("uniform:1:3"),
 )
 
+# Speculative decoding's scenarios: a closed loop (tokens/s is the engine's, so a K
+# advice can be verified on it), short prompts (decode steps, where drafts are verified)
+# and outputs long enough to draft from.
+_SPEC_WORKLOAD = dict(arrival=_closed(4), prompt_len=_len("uniform:8:32"),
+                      output_len=_len("uniform:32:64"))  # fmt: skip
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("healthy", "nothing: load within capacity, defaults", HEALTHY),
     Scenario(
@@ -517,6 +523,44 @@ SCENARIOS: tuple[Scenario, ...] = (
             output_len=_len("uniform:8:24"),
         ),
         variant_of="healthy",  # the healthy baseline on a MoE model over 2 ranks
+    ),
+    # Speculative decoding (issue 38). A proposer made slow for real (the draft_delay_ms
+    # fault spends its time inside every propose call, the draft phase): the drafts cost
+    # more than the tokens they gain. Closed loops, so tokens/s measures the engine.
+    Scenario(
+        "spec-slow-draft",
+        "the n-gram proposer spins 5 ms a step more (a slow draft), K = 4",
+        "spec-no-speedup",
+        engine=dict(speculative="ngram:4"),
+        workload=_SPEC_WORKLOAD,
+        faults=FaultOptions(draft_delay_ms=5.0, busy=True),
+    ),
+    Scenario(
+        "spec-slow-draft-b",
+        "a draft model that is the target itself (every draft accepted) and 3 ms slower",
+        "spec-no-speedup",
+        engine=dict(speculative="draft:tiny:4"),
+        workload=dict(seed=3),
+        faults=FaultOptions(draft_delay_ms=3.0, busy=True),
+        variant_of="spec-slow-draft",
+    ),
+    # K far from what the acceptance favours: the tiny preset's random weights accept
+    # few n-gram drafts past the first two, so 16 (or 8) drafts per step are mostly
+    # verified in vain.
+    Scenario(
+        "spec-k-far",
+        "n-gram speculation at K = 16 where about one draft in ten is accepted",
+        "spec-k-mismatch",
+        engine=dict(speculative="ngram:16"),
+        workload=_SPEC_WORKLOAD,
+    ),
+    Scenario(
+        "spec-k-far-b",
+        "n-gram speculation at K = 8, open loop, other prompts",
+        "spec-k-mismatch",
+        engine=dict(speculative="ngram:8"),
+        workload=dict(seed=5),
+        variant_of="spec-k-far",
     ),
 )
 
