@@ -76,8 +76,11 @@ def _round_to_e4m3(y):
 def _quantize_rows(src_ptr, c_ptr, s_ptr, src_off, dst, sdst, mask, keep, QMAX: tl.constexpr,
                    IS_INT8: tl.constexpr):  # fmt: skip
     x = tl.load(src_ptr + src_off, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, 1e-12)  # kv_quant.MIN_SCALE
-    y = x / scale[:, None]
+    # IEEE divisions (div_rn), as torch's: `/` compiles to an approximate one on CUDA, and
+    # a scale or a value one ulp off could round to another integer than the reference.
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.maximum(tl.div_rn(amax, tl.full(amax.shape, QMAX, tl.float32)), 1e-12)
+    y = tl.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
     if IS_INT8:  # round half away from zero, as kv_quant.quantize
         y = tl.clamp(y + tl.where(y >= 0, 0.5, -0.5), -QMAX, QMAX)
     else:
