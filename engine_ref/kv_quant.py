@@ -14,8 +14,11 @@ bit for bit); fp8 is `torch.float8_e4m3fn` (round to nearest even, saturated at 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from ..errors import ConfigError
 from .config import KV_DTYPES  # noqa: F401  ("auto": the model's dtype, no scales)
 
 QMAX = {"int8": 127.0, "fp8": 448.0}
@@ -98,7 +101,21 @@ def kernel_operands(cache) -> tuple[torch.Tensor, torch.Tensor, int, int, bool]:
     cache for the Triton kernels; a float cache passes itself as its scales (never read).
     A scale's KV heads are contiguous (stride 1) in every layer's view."""
     if isinstance(cache, QuantKV):
+        if cache.kv_dtype == "fp8" and cache.data.is_cuda:
+            _check_fp8_loads(cache.data.device.index or 0)
         s = cache.scale
         assert s.stride(2) == 1
         return cache.data, s, s.stride(0), s.stride(1), True
     return cache, cache, 0, 0, False
+
+
+@functools.cache
+def _check_fp8_loads(device_index: int) -> None:
+    """Triton compiles float8 e4m3 loads for compute capability 8.9 (Ada, Hopper) and
+    newer only: say so instead of a compiler error."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    if (major, minor) < (8, 9):
+        raise ConfigError(
+            f"--kv-dtype fp8 on the Triton kernels needs a GPU of compute capability 8.9 or "
+            f"newer (this one is {major}.{minor}): use --kv-dtype int8 or --kernel-backend torch"
+        )

@@ -183,3 +183,19 @@ def test_cuda_graph_replay_on_a_quantised_cache_matches_eager(kind):
     res = run(engine, workload(n=7, seed=4, max_prompt=20), per_step=3)
     assert engine.is_drained() and all(len(t) > 0 for t in res.tokens.values())
     assert runner.graphs.replays > 1
+
+
+def test_fp8_on_a_gpu_before_ada_is_refused_in_one_sentence(monkeypatch):
+    from perfdiag.engine_ref import kv_quant
+    from perfdiag.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 0))
+    kv_quant._check_fp8_loads.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"8\.9 or newer \(this one is 8\.0\)"):
+            kv_quant._check_fp8_loads(0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+        kv_quant._check_fp8_loads.cache_clear()
+        kv_quant._check_fp8_loads(0)  # Hopper: fine
+    finally:
+        kv_quant._check_fp8_loads.cache_clear()
