@@ -7,6 +7,8 @@ sampled job, ~4,800 events each, shifted per rank). Each tool runs as a user run
 whole process from fork to exit, interleaved per rank count:
 
 - serial: `perfdiag import DIR -o RUN` (one process; each file in turn);
+- serial + analysis: the same import, then the per-rank summaries and the cross-rank
+  analysis --ray computes, on the merged run, in one process (what --ray does, no Ray);
 - ray (cold): `perfdiag import DIR -o RUN --ray`: starts a local Ray cluster (ray.init),
   one task per file, merges, shuts the cluster down;
 - ray (warm): the same against a running local cluster (`--ray-address`, one node with
@@ -38,6 +40,21 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 from kineto_vs_hta import HTA_CHILD, _descendants, _pss_kb, hta_python, machine  # noqa: E402
 from make_rank_traces import make_rank_traces  # noqa: E402
+
+# The serial import followed by the same per-rank summaries and cross-rank analysis,
+# on the merged run, in one process: what --ray computes, without Ray.
+SERIAL_ANALYSIS = """
+import sys
+from pathlib import Path
+from perfdiag.analyzers.rank_summary import cross_rank, summarize
+from perfdiag.analyzers.spans import timeline_spans
+from perfdiag.traces.importers.kineto import import_kineto
+from perfdiag.traces.importers.trace_files import trace_files
+from perfdiag.traces.reader import load_run
+import_kineto(trace_files([Path(sys.argv[1])]), sys.argv[2])
+run = load_run(sys.argv[2])
+cross_rank(summarize(timeline_spans(run), run.steps))
+"""
 
 
 def run_tree(argv: list, env: dict | None = None) -> dict:
@@ -87,11 +104,19 @@ def main() -> None:
                 ranks = tmp / f"r{n}"
                 make_rank_traces(ranks, n)
                 events = None
-                res: dict[str, list] = {"serial": [], "cold": [], "warm": [], "hta": []}
+                res: dict[str, list] = {
+                    "serial": [],
+                    "analysed": [],
+                    "cold": [],
+                    "warm": [],
+                    "hta": [],
+                }
                 for r in range(a.rounds):
                     out = tmp / f"{n}-{r}"
                     res["serial"].append(run_tree([*cli, ranks, "-o", out / "serial", "--json"]))
                     events = json.loads(res["serial"][-1]["out"])["events"]
+                    res["analysed"].append(run_tree([sys.executable, "-c", SERIAL_ANALYSIS, ranks,
+                                                     out / "analysed"]))  # fmt: skip
                     res["cold"].append(run_tree([*cli, ranks, "-o", out / "cold", "--ray",
                                                  "--json"]))  # fmt: skip
                     res["warm"].append(run_tree([*cli, ranks, "-o", out / "warm", "--ray",
@@ -105,7 +130,8 @@ def main() -> None:
                         print(f"{n} ranks: the Ray runs' tables equal the serial run's")
                 warm = [json.loads(x["out"]) for x in res["warm"]]
                 task_s = statistics.median(w["ray"]["task_seconds"] for w in warm)
-                row = {"ranks": n, "events": events, "task_s": task_s}
+                merge_s = statistics.median(w["ray"]["merge_seconds"] for w in warm)
+                row = {"ranks": n, "events": events, "task_s": task_s, "merge_s": merge_s}
                 for k, v in res.items():
                     if v:
                         row[f"{k}_s"] = statistics.median(x["s"] for x in v)
@@ -125,14 +151,14 @@ def _cores() -> list[int]:
 
 def _table(rows: list[dict], idle_mb: float) -> None:
     print(f"\nwall s (peak MB, process tree's summed PSS); warm cluster idle: {idle_mb:.0f} MB")
-    print(f"{'ranks':>5} {'events':>9} {'serial':>14} {'ray cold':>14} {'ray warm':>14} "
-          f"{'HTA':>14} {'tasks s':>8}")  # fmt: skip
+    print(f"{'ranks':>5} {'events':>9} {'serial':>14} {'+analysis':>14} {'ray cold':>14} "
+          f"{'ray warm':>14} {'HTA':>14} {'tasks s':>8} {'merge s':>8}")  # fmt: skip
     for r in rows:
         cells = []
-        for k in ("serial", "cold", "warm", "hta"):
+        for k in ("serial", "analysed", "cold", "warm", "hta"):
             cells.append(f"{r[k + '_s']:6.2f} ({r[k + '_mb']:4.0f})" if k + "_s" in r else "-")
         print(f"{r['ranks']:>5} {r['events']:>9,} " + " ".join(f"{c:>14}" for c in cells)
-              + f" {r['task_s']:>8.2f}")  # fmt: skip
+              + f" {r['task_s']:>8.2f} {r['merge_s']:>8.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ def _summary(s, cross) -> dict:
             "nodes": s.nodes,
             "tasks": len(s.files) + len(s.missing),
             "task_seconds": round(s.task_seconds, 3),
+            "merge_seconds": round(s.merge_seconds, 3),
             "parts_dir": str(s.parts_dir) if s.parts_dir else None,
         },
         "cross_rank": cross.to_dict(),

@@ -58,6 +58,7 @@ class RayImportSummary(ImportSummary):
     missing: list[dict] = field(default_factory=list)  # {rank, path, reason}
     per_rank: list[Any] = field(default_factory=list)  # what `per_rank` returned, file order
     task_seconds: float = 0.0  # the tasks' own import time, summed
+    merge_seconds: float = 0.0  # the driver's merge of the parts into the run
 
 
 def import_with_ray(
@@ -132,7 +133,9 @@ def import_with_ray(
         for m in summary.missing:
             summary.warnings.append(f"rank {m['rank']} ({Path(m['path']).name}) is missing from "
                                     f"the run: {m['reason']}")  # fmt: skip
+        t_merge = time.perf_counter()
         _merge(done, files, out, bases, command, copy_raw, summary)
+        summary.merge_seconds = time.perf_counter() - t_merge
         summary.nodes = len({res["node"] for *_, res in done})
         summary.task_seconds = sum(res["seconds"] for *_, res in done)
         summary.per_rank = [res["per_rank"] for *_, res in done]
