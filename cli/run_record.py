@@ -45,6 +45,8 @@ def record(options, out_dir: Path, quiet: bool, http=None) -> None:
         from ..probes.server_launch import RUN_LOG
 
         record_run, where = functools.partial(record_http_run, http=http), http.url
+        if http.sharded:  # the load split over client actors (docs/ray.md)
+            where += f" from {http.clients} clients on Ray ({http.ray_address or 'local'})"
         if http.launch is not None:
             where = f"launching `{http.launch.command}` (log: {out_dir / RUN_LOG})"
 
@@ -94,6 +96,13 @@ def record(options, out_dir: Path, quiet: bool, http=None) -> None:
             out.print(f"server stopped (exit code {launched.get('exit_code')}); its log: "
                       f"{result.path / launched.get('log', '')}", highlight=False)  # fmt: skip
         _print_server_profile(result.path, (manifest.config.get("server") or {}).get("profile"))
+        from rich.markup import escape
+
+        shards = manifest.extra.get("client_shards") or {}
+        for k, why in (shards.get("missing") or {}).items():  # a client actor that died
+            out.print(f"[yellow]warning[/]: client shard {k} of {shards.get('count')} is "
+                      f"missing ({escape(why)}): its requests are not in the run",
+                      highlight=False)  # fmt: skip
         health = manifest.extra.get("client_health") or {}
         if health.get("client_bound"):
             reasons = "; ".join(health.get("reasons", []))

@@ -85,6 +85,11 @@ def stall_parts(ctx: TriageContext) -> StallParts | Unavailable:
     """The client's stall windows and what they may have added to each request's TTFT and
     each gap between its chunks; Unavailable without client loop-lag counters."""
     windows = stall_windows(ctx.run)
+    if windows is None and "client_shards" in ctx.run.manifest.extra:
+        return Unavailable(
+            "the load was split over client shards (--clients): each shard's loop health "
+            "is its own (counters client/shardK, manifest client_health.shards)"
+        )
     if windows is None:
         return Unavailable(
             "the run has no client health counters (client_loop_lag_max_s): only "

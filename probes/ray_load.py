@@ -20,6 +20,8 @@ what each recorded is kept. Ray is imported only here, and only this path import
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -88,6 +90,8 @@ def _connect(ray, address: str | None) -> bool:
     connected (and so disconnects at the end)."""
     if ray.is_initialized():
         return False
+    main = threading.current_thread() is threading.main_thread()
+    term = signal.getsignal(signal.SIGTERM) if main else None
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False,
                  configure_logging=False)  # fmt: skip
@@ -95,6 +99,11 @@ def _connect(ray, address: str | None) -> bool:
         where = f"at {address}" if address else "locally"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"cannot start or join a Ray cluster {where}: {first}") from None
+    finally:
+        if main and term is not None:
+            # ray.init makes SIGTERM exit the process at once; perfdiag's handler turns it
+            # into an interrupt that stops the shards and keeps what they recorded.
+            signal.signal(signal.SIGTERM, term)
     return True
 
 
@@ -107,7 +116,7 @@ def _place(ray, n: int):
     # node); a share of what there is otherwise, so N clients still start.
     each = min(1.0, cpus / n) if cpus else 0.0
     cls = ray.remote(num_cpus=each, max_concurrency=4, scheduling_strategy="SPREAD")(ShardActor)
-    actors = [cls.options(name=None).remote() for _ in range(n)]
+    actors = [cls.remote() for _ in range(n)]
     try:
         places = ray.get([a.where.remote() for a in actors], timeout=PLACE_TIMEOUT_S)
     except Exception as e:

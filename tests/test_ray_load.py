@@ -238,6 +238,12 @@ def test_two_actors_on_two_nodes_merge_into_one_run(connected, server, tmp_path)
     health = run.manifest.extra["client_health"]
     assert set(health["shards"]) == {"0", "1"}
     assert all(h["sends"] == 150 for h in health["shards"].values())
+    from perfdiag.playbooks.facts import TriageContext, Unavailable, evaluate_fact
+
+    stalls = evaluate_fact("client_stalls", TriageContext(run), {})
+    assert isinstance(stalls, Unavailable) and "client shards" in stalls.reason
+    clock = evaluate_fact("clock_uncertainty_ms", TriageContext(run), {})
+    assert clock.value >= shards["clock_uncertainty_ns"] / 1e6  # the gate counts the shards
     merged, raw = _merged_metrics(out), _raw_metrics(out)
     assert merged["requests"] == raw["requests"] == 300
     for key in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99", "tokens_per_s"):
@@ -284,3 +290,32 @@ def test_cli_end_to_end(cluster, server, tmp_path):
     run = load_run(out)
     assert run.manifest.extra["client_shards"]["count"] == 2 and run.status == "complete"
     assert {shard_of_args(a) for a in run.requests["args"]} == {0, 1}
+
+
+@needs_ray
+def test_sigterm_keeps_what_every_shard_recorded(cluster, server, tmp_path):
+    """ray.init makes SIGTERM exit at once; perfdiag's handler must stay, stopping the
+    shards and merging what they recorded."""
+    import signal
+
+    from perfdiag import load_run
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfdiag", "run", "--target", server, "--clients", "2",
+         "--ray", cluster.address, "-n", "2000", "--rate", "100", "--prompt-len", "16",
+         "--output-len", "8", "--quiet", "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.subprocess_env(),
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (out / "manifest.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)  # the shards are sending
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stdout[-2000:] + stderr[-2000:]
+    assert "everything recorded is kept" in stdout
+    run = load_run(out)
+    assert run.status == "interrupted"
+    tags = [shard_of_args(a) for a in run.requests["args"]]
+    assert set(tags) == {0, 1} and 20 < len(tags) < 2000
