@@ -150,3 +150,18 @@ def test_every_new_fact_returns_a_fact_or_a_reason():
     ctx = _ctx(spec_run())
     for name in ("spec_acceptance", "spec_no_speedup", "spec_k_gain"):
         assert isinstance(evaluate_fact(name, ctx, {}), Fact | Unavailable)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_the_bytes_per_block_agree_with_the_engines_pool(preset):
+    import dataclasses
+
+    from perfdiag.engine_ref.config import ModelConfig
+    from perfdiag.engine_ref.kv_cache import bytes_per_block
+    from perfdiag.playbooks.facts_speculative import block_bytes
+
+    m = ModelConfig.preset(preset)
+    for kv in ("auto", "int8", "fp8"):
+        for dtype in ("float32", "bfloat16"):
+            got = block_bytes(dataclasses.asdict(m), 16, dtype, kv)
+            assert got == bytes_per_block(m, 16, dtype, kv), (kv, dtype)
