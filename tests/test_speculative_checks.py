@@ -165,3 +165,31 @@ def test_the_bytes_per_block_agree_with_the_engines_pool(preset):
         for dtype in ("float32", "bfloat16"):
             got = block_bytes(dataclasses.asdict(m), 16, dtype, kv)
             assert got == bytes_per_block(m, 16, dtype, kv), (kv, dtype)
+
+
+def test_a_target_runs_vllm_counters_give_the_acceptance_finding(tmp_path):
+    from spec_runs import write_run
+    from test_speculative_analysis import SPEC_PAGE
+
+    from perfdiag import load_run
+    from perfdiag.analyzers.serving import analyze_serving
+    from perfdiag.probes.metrics_scrape import parse_exposition
+
+    run = plain_run(steps=60)
+    end = int(run.steps["end_ns"].max()) + 10**9
+    rows = []
+    for ts, v in (
+        (0, dict(drafts=0, tokens=0, accepted=0, p0=0, p1=0, p2=0)),
+        (end, dict(drafts=100, tokens=300, accepted=175, p0=80, p1=56, p2=39)),
+    ):
+        samples, _ = parse_exposition(SPEC_PAGE % v)
+        rows += [(n, ts, x, "target") for n, x in samples]
+    run.counters = pd.DataFrame(rows, columns=["name", "ts_ns", "value", "scope"])
+    loaded = load_run(write_run(tmp_path / "t", run, client=True))
+    f = finding(TriageContext(loaded, analyze_serving(loaded)), "spec-acceptance")
+    assert (
+        f is not None and "58% of draft tokens accepted, 2.75 tokens per target forward" in f.title
+    )
+    ev = {e.name: e.value for e in f.evidence}
+    assert ev["source"].startswith("server metrics (vllm:spec_decode_num_drafts_total")
+    assert ev["by_position"] == "80%, 56%, 39%"
