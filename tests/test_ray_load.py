@@ -319,3 +319,25 @@ def test_sigterm_keeps_what_every_shard_recorded(cluster, server, tmp_path):
     assert run.status == "interrupted"
     tags = [shard_of_args(a) for a in run.requests["args"]]
     assert set(tags) == {0, 1} and 20 < len(tags) < 2000
+
+
+@needs_ray
+def test_a_sweep_point_splits_its_load_too(cluster, server, tmp_path):
+    """sweep and capacity speak the run flags: --set clients=2 --set ray=ADDRESS."""
+    from perfdiag import load_run
+
+    done = subprocess.run(
+        [sys.executable, "-m", "perfdiag", "sweep", "--target", server, "--set", "clients=2",
+         "--set", f"ray={cluster.address}", "--set", "requests=20", "--set", "warmup=0",
+         "--set", "prompt-len=16", "--set", "output-len=8", "--vary", "rate=40,80",
+         "--quiet", "-o", str(tmp_path / "sweep")],
+        capture_output=True, text=True, timeout=300, env=cluster.subprocess_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    runs = [m.parent for m in (tmp_path / "sweep").rglob("manifest.json")
+            if "parts" not in m.parent.parts]  # fmt: skip
+    assert len(runs) == 2
+    for path in runs:
+        run = load_run(path)
+        assert run.manifest.extra["client_shards"]["count"] == 2
+        assert {shard_of_args(a) for a in run.requests["args"]} == {0, 1}
