@@ -24,6 +24,7 @@ replay with some weights scaled tells what the trace would have taken under the 
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,8 +174,10 @@ def _flatten(new_thread, s, e, span) -> dict[str, np.ndarray]:
     """Segments of the innermost open span, with a stack per thread (spans sorted by
     thread, start, longest first). A span that outlives its parent is cut at the
     parent's end (imported traces are not always well nested). The one loop over
-    spans in the critical path: kept lean (local appends, no calls per segment)."""
-    th, st, en, ro = [], [], [], []
+    spans in the critical path: kept lean (local appends, no calls per segment). The
+    segments gather in int64 arrays, 8 bytes each, not lists of int objects (~40 each:
+    at 440k segments, 55 MB less at the critical path's peak)."""
+    th, st, en, ro = (array("q") for _ in range(4))
     ends: list[int] = []  # the open spans' ends and rows, innermost last
     rows: list[int] = []
     code, cursor = -1, 0
@@ -205,8 +208,8 @@ def _flatten(new_thread, s, e, span) -> dict[str, np.ndarray]:
         if end > cursor:
             th.append(code), st.append(cursor), en.append(end), ro.append(r)
             cursor = end
-    return {"thread": np.array(th, np.int64), "start": np.array(st, np.int64),
-            "end": np.array(en, np.int64), "span": np.array(ro, np.int64)}  # fmt: skip
+    return {"thread": np.frombuffer(th, np.int64), "start": np.frombuffer(st, np.int64),
+            "end": np.frombuffer(en, np.int64), "span": np.frombuffer(ro, np.int64)}  # fmt: skip
 
 
 def _gpu_ops(df: pd.DataFrame) -> pd.DataFrame:

@@ -45,7 +45,7 @@ def host_syncs(df: pd.DataFrame, rank: int, sync_call: re.Pattern) -> pd.DataFra
         {
             "start_ns": df["start_ns"].to_numpy(np.int64)[sel],
             "end_ns": df["end_ns"].to_numpy(np.int64)[sel],
-            "name": df["name"].astype(str).to_numpy(dtype=object)[sel],
+            "name": df["name"][sel].astype(str).to_numpy(dtype=object),  # not every row's
         }
     )
     return out.sort_values("start_ns", kind="stable", ignore_index=True)

@@ -16,12 +16,13 @@ import numpy as np
 import pandas as pd
 
 from ..hardware.ceilings import Ceilings, named, resolve
-from ..traces.reader import Run
+from ..traces.reader import Run, to_frame
 from .jit_compile import compiled_launches
 from .model_flops import ModelShape, StepShape, for_engine_config, step_totals
 from .run_config import section
 
 LATENCY_FLOOR = 0.25
+_SPAN_COLUMNS = ("name", "category", "dur_ns", "flops", "bytes")
 
 
 def position(flops, nbytes, seconds, ceilings: Ceilings, dtype: str) -> pd.DataFrame:
@@ -126,8 +127,8 @@ def run_device(run: Run) -> str:
     if gpu is not None:
         return "gpu"
     if run.manifest.source != "perfdiag":
-        spans = run.spans
-        if len(spans) and spans["device"].notna().any():
+        device = run.arrow("spans", ["device"]).column("device")  # one column, not the table
+        if device.null_count < len(device):
             return "gpu"
     return "cpu"
 
@@ -149,6 +150,16 @@ class RooflineReport:
             "spans": _records(self.spans),
             "model_note": self.model_note,
         }
+
+
+def _span_figures(run: Run) -> pd.DataFrame:
+    """The span columns the roofline reads, not the whole cached table (which a timeline
+    would hold, args and all, while its critical path runs: ~50 MB at 400k spans).
+    `args` only where a Triton launch needs it (compiled_launches)."""
+    spans = to_frame("spans", run.arrow("spans", list(_SPAN_COLUMNS)))
+    if (spans["category"] == "triton").any():
+        spans["args"] = to_frame("spans", run.arrow("spans", ["args"]))["args"]
+    return spans
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
@@ -194,7 +205,7 @@ def roofline_report(
         steps = position(flops, nbytes, seconds, ceilings, dtype)
         steps.insert(0, "step_id", s["step_id"].to_numpy())
         steps.insert(1, "rank", s["rank"].array)
-    spans = run.spans
+    spans = _span_figures(run)
     has = spans["flops"].notna() & spans["bytes"].notna() & (spans["dur_ns"] > 0)
     compiled = compiled_launches(spans)  # their events enclose a compile, not the kernel
     if compiled is not None:
