@@ -72,6 +72,10 @@ FACT_MEASURES: dict[str, Measure] = {
     "tp_scaling": Measure("speed per computed token against the baseline", "×"),
     "expert_imbalance": Measure("step time lost waiting for the rank with the hot experts", "%"),
     "dp_imbalance": Measure("run time the busiest replica spent beyond an even share", "%"),
+    "kv_quant_tradeoff": Measure("preemptions per request or steps waiting on a full pool", "%"),
+    "spec_no_speedup": Measure("throughput speculative decoding lost against none", "%"),
+    "spec_k_gain": Measure("throughput the best draft length K would add", "%"),
+    "spec_acceptance": Measure("draft tokens accepted", "%"),
     # step 5
     "prefix_reuse_missed": Measure("prompt tokens recomputed that the cache could serve", "%"),
     "cache_hits": Measure("prompt tokens served by the prefix cache", "%"),
