@@ -63,6 +63,7 @@ def _finished_per_step(ctx: TriageContext) -> pd.Series:
         "prepare_ms",
         "post_ms",
         "sample_ms",
+        "draft_ms",
         "device_pct",
     ),
 )
@@ -91,6 +92,13 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         host_in = sum(
             np.nan_to_num(phase(p)) for p in ("schedule", "prepare_inputs", "post_process")
         )
+        # Speculative decoding's draft phase: a draft model computes (device work); an
+        # n-gram lookup is host code.
+        draft = np.nan_to_num(phase("draft"))
+        if _draft_is_a_model(ctx):
+            device = device + draft
+        else:
+            host_in = host_in + draft
     else:
         return Unavailable("the run has neither engine phases nor GPU step times")
     in_system = sum(
@@ -121,6 +129,7 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         ev("prepare_ms", "prepare inputs, per step", ms(_mean(phase("prepare_inputs"))), "ms"),
         ev("post_ms", "post-process, per step", ms(_mean(phase("post_process"))), "ms"),
         ev("sample_ms", "sample, per step", ms(_mean(phase("sample"))), "ms"),
+        ev("draft_ms", "speculative draft, per step", _ms_or_none(phase("draft")), "ms"),
         ev("device_pct", "device share of busy time", 1.0 - value if finite(value) else None,
            "%"),
     )  # fmt: skip
@@ -132,6 +141,18 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         "code", "itl.p50", "Profile the step loop's host code; overlap it with the forward pass."
     )
     return Fact(value, evidence, worst_steps, impact=value if finite(value) else 0.0, action=action)
+
+
+def _ms_or_none(values: np.ndarray) -> float | None:
+    """A phase's mean in ms; None (no row) when the run has no such phase."""
+    mean = _mean(values)
+    return ms(mean) if finite(mean) else None
+
+
+def _draft_is_a_model(ctx: TriageContext) -> bool:
+    from ..analyzers.speculative import config_of
+
+    return config_of(ctx.run).get("method") == "draft"
 
 
 def _profiled(ctx: TriageContext, ids: np.ndarray) -> np.ndarray:

@@ -193,3 +193,18 @@ def test_a_target_runs_vllm_counters_give_the_acceptance_finding(tmp_path):
     ev = {e.name: e.value for e in f.evidence}
     assert ev["source"].startswith("server metrics (vllm:spec_decode_num_drafts_total")
     assert ev["by_position"] == "80%, 56%, 39%"
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_the_draft_phase_is_host_work_for_ngram_and_device_work_for_a_model(tmp_path, method):
+    from spec_runs import write_run
+
+    from perfdiag import load_run
+
+    write_run(tmp_path / "r", spec_run(draft_ms=3.0, method=method))
+    fact = evaluate_fact("host_share", TriageContext(load_run(tmp_path / "r")), {})
+    got = {e.name: e.value for e in fact.evidence}
+    assert got["draft_ms"] == pytest.approx(3.0, rel=0.01)
+    host_in_steps = got["host_ms"] - got["gap_ms"]
+    # schedule + post_process = 1 ms a step; the n-gram lookup's 3 ms join them.
+    assert host_in_steps == pytest.approx(4.0 if method == "ngram" else 1.0, rel=0.05)
