@@ -46,7 +46,8 @@ def record(options, out_dir: Path, quiet: bool, http=None) -> None:
 
         record_run, where = functools.partial(record_http_run, http=http), http.url
         if http.sharded:  # the load split over client actors (docs/ray.md)
-            where += f" from {http.clients} clients on Ray ({http.ray_address or 'local'})"
+            n = http.clients
+            where += f" from {n} client{'s' * (n > 1)} on Ray ({http.ray_address or 'local'})"
         if http.launch is not None:
             where = f"launching `{http.launch.command}` (log: {out_dir / RUN_LOG})"
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ PLACE_TIMEOUT_S = 120.0  # actors placed and answering (a real cluster may start
 START_LEAD_S = 0.2  # from telling the (ready) shards the start instant to the start
 STOP_WAIT_S = 30.0  # after Ctrl-C, for the shards to close their parts
 CLOCK_TIMEOUT_S = 10.0
+REACH_TIMEOUT_S = 5.0  # a cluster's GCS port answers at once when it is up
 
 
 def record_sharded_run(options: RunOptions, out_dir: Path, command: list[str] | None = None,
@@ -90,6 +92,7 @@ def _connect(ray, address: str | None) -> bool:
     connected (and so disconnects at the end)."""
     if ray.is_initialized():
         return False
+    _reachable(address)
     main = threading.current_thread() is threading.main_thread()
     term = signal.getsignal(signal.SIGTERM) if main else None
     try:
@@ -105,6 +108,18 @@ def _connect(ray, address: str | None) -> bool:
             # into an interrupt that stops the shards and keeps what they recorded.
             signal.signal(signal.SIGTERM, term)
     return True
+
+
+def _reachable(address: str | None) -> None:
+    """Refuse a HOST:PORT nothing listens on now: ray.init would retry it for minutes."""
+    host, sep, port = (address or "").rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # none (local), "auto", or a ray:// client address: Ray's own resolution
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConfigError(f"cannot reach the Ray cluster at {address}: "
+                          f"{e.strerror or type(e).__name__}") from None  # fmt: skip
 
 
 def _place(ray, n: int):

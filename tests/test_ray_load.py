@@ -32,6 +32,7 @@ from perfdiag.probes.workload import ArrivalSpec, LengthSpec, WorkloadSpec, plan
 from perfdiag.traces.run_merge import shard_of_args, shifted, with_shard
 
 ROOT = Path(__file__).resolve().parents[1]
+needs_ray = pytest.mark.skipif(not ray_installed(), reason="ray is not installed (perfdiag[ray])")
 SSE_SERVER = ROOT / "benchmarks" / "sse_server.py"
 
 
@@ -111,6 +112,17 @@ def test_clients_without_target_is_one_line(cli):
     assert done.returncode == 1 and "--clients must be >= 1" in done.stderr + done.stdout
 
 
+@needs_ray
+def test_an_unreachable_cluster_is_one_line_at_once(cli, tmp_path):
+    # Ray itself retries a dead address for minutes, its C++ warnings all the while.
+    started = time.monotonic()
+    done = cli("run", "--target", "http://127.0.0.1:9", "--ray", "127.0.0.1:1", "-n", "2",
+               "--quiet", "-o", str(tmp_path / "run"))  # fmt: skip
+    assert done.returncode == 1 and time.monotonic() - started < 30
+    assert "cannot reach the Ray cluster at 127.0.0.1:1" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def server():
     """benchmarks/sse_server.py in its own process: 8 one-token chunks, 1 ms apart."""
@@ -141,7 +153,6 @@ print("ray" in sys.modules, any(m.startswith("ray.") for m in sys.modules))
 
 
 # -- with Ray: a local two-node cluster -----------------------------------------------------
-needs_ray = pytest.mark.skipif(not ray_installed(), reason="ray is not installed (perfdiag[ray])")
 
 
 @pytest.fixture(scope="module")
