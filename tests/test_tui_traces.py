@@ -19,7 +19,7 @@ from perfdiag.tui.screens.trace_diff import TraceDiffScreen
 def traces(tmp_path_factory):
     from typer.testing import CliRunner
 
-    from perfdiag.cli.app import app as cli_app
+    from perfdiag.cli import app as cli_app
 
     base = tmp_path_factory.mktemp("traces")
     runs = []
