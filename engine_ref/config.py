@@ -324,6 +324,9 @@ class EngineConfig:
     expert_placement: tuple[int, ...] = ()
     # Speculative decoding (speculative/): a proposer drafts, one target forward verifies.
     speculative: SpeculativeConfig | None = None
+    # Overlapped scheduling (async_step.py): step N+1 is scheduled and prepared while step
+    # N's forward runs (vLLM's --async-scheduling, SGLang's overlap scheduler).
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_model_len == 0:
@@ -371,6 +374,11 @@ class EngineConfig:
         if self.tensor_parallel_size != 1:
             self._check_tensor_parallel()
             _require(self.speculative is None, "speculative decoding runs without --tp for now")
+        if self.async_scheduling:
+            _require(self.speculative is None, "--async-scheduling does not combine with "
+                     "--speculative yet (drafting needs the step's sampled tokens)")
+            _require(self.tensor_parallel_size == 1,
+                     "--async-scheduling runs without --tp for now")  # fmt: skip
         object.__setattr__(self, "expert_placement", tuple(int(r) for r in self.expert_placement))
         if self.expert_placement:
             self._check_expert_placement()

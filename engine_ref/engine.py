@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import ConfigError
+from .async_step import OverlappedSteps
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .engine_build import build_model, local_kv_blocks
@@ -40,7 +41,7 @@ from .tokenizer import Tokenizer, load_tokenizer
 __all__ = ["LLMEngine", "Prompt", "build_model", "local_kv_blocks"]
 
 
-class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps):
+class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps, OverlappedSteps):
     def __init__(
         self,
         config: EngineConfig | None = None,
@@ -167,6 +168,8 @@ class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps):
     def step(self) -> list[RequestOutput]:
         """Schedule one batch, run it, sample; returns what each touched request produced
         (and requests aborted since the last step)."""
+        if self.config.async_scheduling:
+            return self._step_overlapped()  # async_step.py: N+1 scheduled during N's forward
         with self._lock:
             self._apply_queued(NO_STEP)
             if not self.scheduler.has_work():

@@ -57,6 +57,14 @@ class StepPhase(str, Enum):
     FORWARD = "forward"  # model forward incl. logits (host time: on CUDA it ends at launch)
     SAMPLE = "sample"  # sampling; copies the tokens to the host, so it synchronises
     POSTPROCESS = "post_process"  # append tokens, stop checks, cache blocks, free, aborts
+    # Overlapped scheduling (async_step.py): the NEXT step's scheduling and input
+    # preparation, run inside this step between FORWARD's launch and SAMPLE's wait.
+    SCHEDULE_AHEAD = "schedule_ahead"
+    PREPARE_AHEAD = "prepare_ahead"
+    # The part of [schedule_ahead, prepare_ahead] that ran while the device still computed
+    # the forward (hidden host time; CUDA only, never on the CPU). A sub-span of those two,
+    # not more time: exposed host time = schedule_ahead + prepare_ahead - host_hidden.
+    HOST_HIDDEN = "host_hidden"
 
 
 class StepBegin(NamedTuple):

@@ -234,10 +234,13 @@ class Scheduler:
         out.preempted.append((req, "recompute", computed))
 
     def finish(self, req: Request, status: RequestStatus) -> None:
-        self.running.remove(req)
-        self.bm.free(req)
+        if req.status != RequestStatus.RUNNING:  # preempted by an overlapped look-ahead
+            self.abort(req)  # before its last token came back (async_step.py)
+        else:
+            self.running.remove(req)
+            self.bm.free(req)
+            self._released(req)
         req.status = status
-        self._released(req)
 
     def abort(self, req: Request) -> None:
         """Release everything `req` holds. Call only between steps (nothing in flight)."""
