@@ -10,6 +10,10 @@ Prefix-cache keys chain: block i's key hashes (key of block i-1, i, its tokens),
 optional cache salt). So the same tokens at another position, after other tokens, or under
 another model configuration never hit. A block is registered only once its KV is computed.
 
+With a host tier (host_tier.py, `--kv-offload-mb`) a cached block the LRU evicts is first
+copied there, and a prefix lookup continues into it: such a hit is `HOST_HIT` in the hit
+list, and `allocate` restores it by copy into a fresh device block.
+
 With `check=True` the manager records each block's owners and the runner asks it to vet
 every block a step reads or writes; freeing a block an in-flight step still uses fails.
 """
@@ -21,8 +25,11 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
+from .host_tier import HostTier
 from .kv_cache import KVCache
 from .request import Request
+
+HOST_HIT = -1  # a prefix hit in the host tier (no device block yet)
 
 
 def block_hash(parent: bytes, index: int, tokens: Iterable[int]) -> bytes:
@@ -60,6 +67,7 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         kv_cache: KVCache | None = None,
         check: bool = False,
+        host_tier: HostTier | None = None,
     ) -> None:
         self.num_blocks, self.block_size, self.num_cpu_blocks = (
             num_blocks,
@@ -78,6 +86,7 @@ class BlockManager:
         self.cpu_owners: list[set[str]] = [set() for _ in range(num_cpu_blocks)]
         self.pinned: set[int] = set()
         self.num_evictions = 0
+        self.host_tier = host_tier if enable_prefix_caching else None
 
     # ---- counts -------------------------------------------------------------------------
     @property
@@ -113,13 +122,16 @@ class BlockManager:
             return []
         self.compute_hashes(req)
         hits: list[int] = []
-        for i, h in enumerate(req.block_hashes[: (req.num_tokens - 1) // self.block_size]):
+        tier, bs = self.host_tier, self.block_size
+        for i, h in enumerate(req.block_hashes[: (req.num_tokens - 1) // bs]):
             bid = self.hash_to_block.get(h)
+            if bid is None and tier is not None and h in tier:
+                bid = HOST_HIT
             if bid is None:
                 break
             if self.check:
-                bs = self.block_size
-                if self.blocks[bid].token_ids != tuple(req.all_token_ids[i * bs : (i + 1) * bs]):
+                held = self.blocks[bid].token_ids if bid >= 0 else tier.tokens[tier.slots[h]]
+                if held != tuple(req.all_token_ids[i * bs : (i + 1) * bs]):
                     raise OwnershipError(f"prefix-cache block {bid} holds other tokens")
             hits.append(bid)
         return hits
@@ -147,17 +159,43 @@ class BlockManager:
     def can_allocate(self, hits: list[int], num_new_tokens: int, reserve: int = 0) -> bool:
         """Can a waiting request take `hits` and room for `num_new_tokens` after them while
         keeping `reserve` blocks free?"""
+        restored = hits.count(HOST_HIT)  # each needs a fresh device block
         need = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
-        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        need += restored
+        revived = sum(1 for b in hits if b >= 0 and self.blocks[b].ref_count == 0)
         return self.num_free_blocks - revived - need >= reserve
 
     def allocate(self, req: Request, hits: list[int], num_new_tokens: int) -> None:
         assert not req.block_table, f"{req.request_id} already holds blocks"
         for bid in hits:
-            self._ref(bid, req.request_id)
+            if bid >= 0:
+                self._ref(bid, req.request_id)
         req.block_table = list(hits)
+        if HOST_HIT in hits:
+            self._restore(req, hits)
+        elif self.host_tier is not None:
+            self.host_tier.restore(req.request_id, [], [], len(hits) * self.block_size, 0)
         req.num_computed_tokens = len(hits) * self.block_size
         self.append_slots(req, num_new_tokens)
+
+    def _restore(self, req: Request, hits: list[int]) -> None:
+        """Copy `req`'s host-tier hits into fresh device blocks and cache them there."""
+        tier, rid = self.host_tier, req.request_id
+        where = [i for i, b in enumerate(hits) if b == HOST_HIT]
+        hashes = [req.block_hashes[i] for i in where]
+        tier.pinned.update(hashes)  # the takes below may offload: keep these on the host
+        try:
+            bids = [self._take(rid) for _ in where]
+            tokens = [tier.tokens[tier.slots[h]] for h in hashes]
+            device_tokens = (len(hits) - len(where)) * self.block_size
+            tier.restore(rid, hashes, bids, device_tokens, self.block_size)
+        finally:
+            tier.pinned.difference_update(hashes)
+        for i, bid, h, toks in zip(where, bids, hashes, tokens, strict=True):
+            req.block_table[i] = bid
+            block = self.blocks[bid]
+            block.hash, block.token_ids = h, toks if self.check else None
+            self.hash_to_block[h] = bid
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         return max(
@@ -190,6 +228,8 @@ class BlockManager:
         else:
             bid, _ = self.evictable.popitem(last=False)
             block = self.blocks[bid]
+            if self.host_tier is not None:  # keep its KV below, before it is overwritten
+                self.host_tier.offload(bid, block.hash, block.token_ids)
             del self.hash_to_block[block.hash]
             block.hash = block.token_ids = None
             self.num_evictions += 1

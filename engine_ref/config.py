@@ -248,9 +248,13 @@ class CacheConfig:
     # KV storage: "auto" (the model's dtype), or "int8" / "fp8" (e4m3) with one fp32 scale
     # per token and KV head (kv_quant.py): about 2-4x the blocks in the same bytes.
     kv_dtype: str = "auto"
+    # The prefix cache's host tier (host_tier.py): bytes of host memory that keep prefix
+    # blocks the device pool evicts, restored by copy on a later hit; 0 = no host tier.
+    kv_offload_bytes: int = 0
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, "block_size must be >= 1")
+        _require(self.kv_offload_bytes >= 0, "kv_offload_bytes must be >= 0")
         _require(self.kv_dtype in KV_DTYPES,
                  f"kv_dtype {self.kv_dtype!r} is not one of {KV_DTYPES}")  # fmt: skip
         _require(

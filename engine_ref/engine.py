@@ -26,6 +26,7 @@ from .engine_build import build_model, local_kv_blocks
 from .engine_intake import Prompt, RequestIntake
 from .engine_records import StepRecords
 from .hooks import NO_STEP, EngineObserver, PhaseEvent, StepBegin, StepEvent, StepPhase
+from .host_tier import make_host_tier, report_host_tier
 from .kv_cache import KVCache
 from .loader import read_model_config
 from .model_runner import ModelRunner
@@ -72,6 +73,7 @@ class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps, OverlappedSteps):
             cc.enable_prefix_caching,
             self.kv_cache,
             check=cc.check_ownership,
+            host_tier=make_host_tier(config, self.kv_cache),  # --kv-offload-mb, else None
         )
         self.watermark_blocks = int(cc.watermark * num_blocks)
         self.scheduler = Scheduler(
@@ -182,6 +184,7 @@ class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps, OverlappedSteps):
             if obs is not None:
                 obs.on_step_begin(StepBegin(step_id, t0))
             sched = self.scheduler.schedule(t0)
+            report_host_tier(obs, self.block_manager.host_tier)  # --kv-offload-mb's records
             if not sched.scheduled:
                 raise RuntimeError("engine_ref scheduler made no progress (a bug)")
             if obs is not None:

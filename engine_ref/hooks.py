@@ -171,6 +171,11 @@ class EngineObserver:
         """Speculative decoding: the step's verified requests, once per step after
         sampling and before `on_step` (none in a step that verified nothing)."""
 
+    def on_kv_offload(self, restores: list, counts) -> None:
+        """The prefix cache's host tier (`--kv-offload-mb`): each admission's prefix hits by
+        tier (host_tier.HostRestore) and the step's host-tier traffic (HostTierCounts), once
+        per step right after scheduling."""
+
     def on_request(self, event: RequestEvent) -> None:
         pass
 

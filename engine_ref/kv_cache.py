@@ -126,6 +126,35 @@ class KVCache:
         for cpu, dev in self._pairs():
             dev.index_copy_(2, dst, cpu.index_select(2, src).to(self.device))
 
+    def host_like(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host tensors (values, scales) of `num_blocks` blocks laid out like the device
+        pool, for the prefix cache's host tier (host_tier.py)."""
+        pin = self.device.type == "cuda"
+        kv, sc = self.device_kv, self.device_scale
+        shape = lambda t: (*t.shape[:2], num_blocks, *t.shape[3:])  # noqa: E731
+        return (torch.zeros(shape(kv), dtype=kv.dtype, pin_memory=pin),
+                torch.zeros(shape(sc), dtype=sc.dtype, pin_memory=pin))  # fmt: skip
+
+    def copy_to_host(self, device_blocks: list[int], host, slots: list[int]) -> None:
+        """Device blocks to slots of `host_like` tensors `host`; complete on return."""
+        src = torch.tensor(device_blocks, dtype=torch.long, device=self.device)
+        dst = torch.tensor(slots, dtype=torch.long)
+        for h, dev in self._host_pairs(host):
+            h.index_copy_(2, dst, dev.index_select(2, src).cpu())
+
+    def copy_from_host(self, host, slots: list[int], device_blocks: list[int]) -> None:
+        """Slots of `host` to device blocks; a blocking copy (the slots may be reused)."""
+        src = torch.tensor(slots, dtype=torch.long)
+        dst = torch.tensor(device_blocks, dtype=torch.long, device=self.device)
+        for h, dev in self._host_pairs(host):
+            dev.index_copy_(2, dst, h.index_select(2, src).to(self.device))
+
+    def _host_pairs(self, host) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        pairs = [(host[0].view(torch.uint8), self.device_kv.view(torch.uint8))]
+        if self.device_scale.numel():
+            pairs.append((host[1], self.device_scale))
+        return pairs
+
     def _pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(CPU, device) tensors a swap copies: values as raw bytes (index_copy_ has no
         float8 kernel on the CPU), and the scales of a quantised pool."""

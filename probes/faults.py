@@ -154,6 +154,9 @@ class FaultObserver(EngineObserver):
     def on_spec_decode(self, events) -> None:  # an EngineObserver no-op unless forwarded
         self.inner.on_spec_decode(events)
 
+    def on_kv_offload(self, restores, counts) -> None:  # likewise
+        self.inner.on_kv_offload(restores, counts)
+
     def on_step(self, event: StepEvent) -> None:
         self.inner.on_step(event)
         spend(self.faults.step_gap_ms * 1e-3, self.faults.busy)

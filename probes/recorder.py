@@ -147,6 +147,23 @@ class RunRecorder(EngineObserver):
             counter(("spec_accepted", ts, float(e.accepted), e.request_id))
             counter(("spec_emitted", ts, float(e.emitted), e.request_id))
 
+    def on_kv_offload(self, restores, counts) -> None:
+        # The prefix cache's host tier: per admission, counters at the step's start scoped
+        # by the request id (its prefix hits by tier; bytes and ns of the host restore);
+        # per step, the tier's traffic scoped "host" (docs/run_format.md, host tier).
+        counter, ts = self._counter, self._step_start_ns
+        for r in restores:
+            counter(("kv_hit_device_tokens", ts, float(r.device_tokens), r.request_id))
+            counter(("kv_hit_host_tokens", ts, float(r.host_tokens), r.request_id))
+            if r.host_tokens:
+                counter(("kv_restore_bytes", ts, float(r.restore_bytes), r.request_id))
+                counter(("kv_restore_ns", ts, float(r.restore_ns), r.request_id))
+        if counts.offloaded_blocks or counts.evicted_unused:
+            counter(("kv_offload_blocks", ts, float(counts.offloaded_blocks), "host"))
+            counter(("kv_offload_ns", ts, float(counts.offload_ns), "host"))
+            counter(("kv_offload_evicted_unused", ts, float(counts.evicted_unused), "host"))
+            counter(("kv_offload_blocks_used", ts, float(counts.host_blocks_used), "host"))
+
     def on_close(self) -> None:
         if self._window is not None:
             self._window.close()  # the profiler stops on the thread that started it

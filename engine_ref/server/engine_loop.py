@@ -93,6 +93,10 @@ class _Tracker(EngineObserver):
         if self.inner is not None:
             self.inner.on_phase(e)
 
+    def on_kv_offload(self, restores, counts) -> None:
+        if self.inner is not None:
+            self.inner.on_kv_offload(restores, counts)
+
     def on_step(self, e: StepEvent) -> None:
         if self.inner is not None:
             self.inner.on_step(e)
