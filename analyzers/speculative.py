@@ -27,8 +27,9 @@ plain, so the speedup is an upper bound: on the tiny preset on a 2-core CPU, ngr
 1.24× this way and 0.38× against a baseline run, its verify forward 2.17 ms against a
 plain decode's 0.54 ms), or the verify forward itself (Leviathan's assumption, said so).
 Where the verify forward is measured to cost more than a plain one, its extra per draft
-position (v) joins the prediction: speedup(K) = E(K) · (1 + o) / (1 + o + K·(c + v)), o the step's other
-host work over a plain forward; without it (v = 0, o = 0) this is Leviathan's formula.
+position (v) joins the prediction: speedup(K) = E(K) · (1 + o) / (1 + o + K·(c + v)), o the
+step's other host work over a plain forward; without it (v = 0, o = 0) this is Leviathan's
+formula.
 
 Pure pandas over a run; no torch.
 """
@@ -352,12 +353,15 @@ def _priced(costs: StepCosts, alpha: float, k: int, tokens_per_forward: float) -
     )
 
 
-def from_server(sm) -> SpecSummary | None:
+def from_server(sm, launched: dict | None = None) -> SpecSummary | None:
     """The same acceptance figures from a server's own counters (vLLM's
     spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens / _per_pos, over the
     run: analyzers/server_metrics.py); None when it exported none. A draft is one
-    request's verify: it emits its accepted tokens plus the target's own. Costs are not
-    in the counters: nothing here is priced."""
+    request's verify: it emits its accepted tokens plus the target's own (a request's
+    last verify may emit more than its max_tokens keeps). `launched`: vLLM's
+    --speculative-config as launched (method, num_speculative_tokens), when known. Costs
+    are not in the counters: nothing here is priced."""
+    launched = launched or {}
     drafts = sm.counters.get("spec_drafts")
     drafted = sm.counters.get("spec_draft_tokens")
     accepted = sm.counters.get("spec_accepted_tokens")
@@ -365,16 +369,21 @@ def from_server(sm) -> SpecSummary | None:
         return None
     per_pos = {int(p): n for p, n in sm.by_label.get("spec_accepted_by_position", {}).items()
                if str(p).isdigit()}  # fmt: skip
-    k = max(per_pos, default=-1) + 1 or max(round(drafted / drafts), 1)
+    k = (max(per_pos, default=-1) + 1 or int(launched.get("num_speculative_tokens") or 0)
+         or max(round(drafted / drafts), 1))  # fmt: skip
     position = [per_pos.get(i, 0.0) / drafts for i in range(k)] if per_pos else []
-    # A draft that accepted its last position had no rejection; vLLM drafts K per request.
-    rejections = drafts - per_pos[k - 1] if per_pos else float("nan")
+    # Drafts with a rejection: those that did not accept position K−1, when every draft is K
+    # long. vLLM's n-gram proposer drafts fewer near the text's end, and a short draft
+    # accepted whole had none; each rejection rejects at least one drafted token, which
+    # bounds them (exact at full drafts; otherwise α is a lower bound).
+    rejections = min(drafts - per_pos[k - 1], drafted - accepted) if per_pos else float("nan")
     tried = accepted + rejections
     alpha = accepted / tried if tried and tried == tried else float("nan")
+    method = launched.get("method")
     return SpecSummary(
-        method=None,
+        method=str(method) if method else None,
         k=int(k),
-        draft=None,
+        draft=launched.get("model") if method == "draft_model" else None,
         verifies=int(drafts),
         drafted=int(drafted),
         accepted=int(accepted),

@@ -6,6 +6,7 @@ absent column."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -37,12 +38,42 @@ def _summary(ctx: TriageContext):
 
     rec = server_record(ctx)
     if not isinstance(rec, Unavailable):
-        s = spec.from_server(rec[0])
+        s = spec.from_server(rec[0], _launched_spec(ctx))
         if s is not None:
             names = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens",
                      "spec_accepted_by_position")  # fmt: skip
-            return s, rec[0].source(*names)
+            return _server_speedup(ctx, s), rec[0].source(*names)
     return Unavailable(_NONE)
+
+
+def _launched_spec(ctx: TriageContext) -> dict:
+    """vLLM's `--speculative-config` as the launch recorded it ({} for a server started
+    elsewhere, or launched without it)."""
+    launch = section(ctx.config, "server").get("launch")
+    args = launch.get("args") if isinstance(launch, dict) else None
+    conf = args.get("speculative_config") if isinstance(args, dict) else None
+    return conf if isinstance(conf, dict) else {}
+
+
+def _server_speedup(ctx: TriageContext, s: spec.SpecSummary) -> spec.SpecSummary:
+    """With a baseline run of the same load against the server without speculation, the
+    measured speedup (output tokens/s at the client, both runs)."""
+    b = ctx.baseline
+    if b is None or spec.has_speculation(b.run):
+        return s
+    from .facts_target import server_record
+
+    rec = server_record(b)
+    if not isinstance(rec, Unavailable) and spec.from_server(rec[0]) is not None:
+        return s  # the baseline speculated too: not a run without it
+    m, bm = ctx.get("metrics"), b.get("metrics")
+    if m is None or bm is None:
+        return s
+    tps, base = m.throughput.output_tokens_per_s, bm.throughput.output_tokens_per_s
+    if not (finite(tps) and finite(base) and base > 0):
+        return s
+    return dataclasses.replace(s, tokens_per_s=tps, baseline_tokens_per_s=base,
+                               measured_speedup=tps / base)  # fmt: skip
 
 
 def _baseline(ctx: TriageContext):
@@ -84,6 +115,14 @@ def _k_action(ctx: TriageContext, s: spec.SpecSummary):
               f"{s.predicted_speedup:.2f}×)")  # fmt: skip
     setting = Setting("engine.speculative", _recorded(ctx, s), spelling(s, s.best_k))
     return run_action("throughput.output", setting, expect=expect)
+
+
+def _no_costs(source: str) -> str:
+    if source != ENGINE_SOURCE:  # a server's counters
+        return ("a server's spec_decode counters carry no draft or verify times, so what a "
+                "step costs is unknown (with analyze --baseline of the same load without "
+                "--speculative-config, spec-acceptance gives the measured speedup)")  # fmt: skip
+    return "the run recorded no draft phase: the step's costs are unknown"
 
 
 def _common(s: spec.SpecSummary, source: str) -> tuple:
@@ -167,7 +206,7 @@ def spec_no_speedup(ctx: TriageContext) -> Fact | Unavailable:
         return got
     s, source = got
     if not finite(s.modelled_speedup):
-        return Unavailable("the run recorded no draft phase: the step's costs are unknown")
+        return Unavailable(_no_costs(source))
     if finite(s.measured_speedup):
         speedup, how = s.measured_speedup, "measured: output tokens/s against the baseline run"
     else:
@@ -234,7 +273,7 @@ def spec_k_gain(ctx: TriageContext) -> Fact | Unavailable:
         return got
     s, source = got
     if s.best_k is None or not finite(s.best_gain):
-        return Unavailable("the run recorded no draft phase: the step's costs are unknown")
+        return Unavailable(_no_costs(source))
     pays = s.best_k != s.k and s.best_speedup > 1.0
     value = s.best_gain if pays else 0.0
     advice = ""
