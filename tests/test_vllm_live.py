@@ -50,9 +50,29 @@ def test_each_fault_is_named_first_in_vllms_terms(case, tmp_path):
     if keep:
         shutil.copytree(out, Path(keep) / case.name, dirs_exist_ok=True)
     findings = json.loads((out / "results" / "findings.json").read_text())
+    if case.name.startswith("spec-"):
+        _speculation_is_read_from_vllms_counters(out, findings)
     if case.expect is None:
         assert not [f["check"] for f in findings["findings"] if f["severity"] == "critical"]
         return
     top = next(f for f in findings["findings"] if f["check"] == findings["top"])
     assert top["check"] == case.expect, top["title"]
     assert FLAGS[case.name] in " ".join(top["recommendations"])
+
+
+def _speculation_is_read_from_vllms_counters(out: Path, findings: dict) -> None:
+    """spec-acceptance comes from vLLM's spec_decode counters over the run (issue 38): its
+    acceptance is their accepted / draft tokens, one figure per draft position."""
+    from perfdiag.analyzers.speculative import from_server
+    from perfdiag.playbooks.facts import TriageContext
+    from perfdiag.playbooks.facts_target import server_record
+    from perfdiag.traces.reader import load_run
+
+    f = next(f for f in findings["findings"] if f["check"] == "spec-acceptance")
+    ev = {e["name"]: e["value"] for e in f["evidence"]}
+    assert ev["source"].startswith("server metrics (vllm:spec_decode_num_drafts_total")
+    sm = server_record(TriageContext(load_run(out)))[0]
+    drafted, accepted = sm.counters["spec_draft_tokens"], sm.counters["spec_accepted_tokens"]
+    assert drafted > 0 and ev["acceptance"] == pytest.approx(accepted / drafted)
+    k = from_server(sm).k
+    assert len(ev["by_position"].split(", ")) == k
