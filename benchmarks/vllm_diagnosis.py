@@ -111,6 +111,9 @@ def one(venv: Path, case: Case, model: str, out: Path) -> dict:
     if split is not None:
         ev = {e["name"]: e["value"] for e in split["evidence"]}
         row["outside_pct"] = ev["outside_ms"] / ev["ttft_ms"]
+    spec = next((f for f in findings["findings"] if f["check"] == "spec-acceptance"), None)
+    if spec is not None:  # read from vLLM's spec_decode counters
+        row["spec"] = spec["title"]
     v_path = out / "results" / "verification.json"
     if verify and v_path.exists():
         v = json.loads(v_path.read_text())
@@ -154,6 +157,8 @@ def main() -> None:
                   f"{ttft:8.2f} / {e2e:6.2f}        {fix}    {row.get('verdict', '—'):10} "
                   f"{row.get('flags', '—'):19} "
                   f"{f'{outside:+.1%}' if outside is not None else '—'}", flush=True)  # fmt: skip
+            if "spec" in row:
+                print(f"{'':14} {row['spec']}", flush=True)
     named = sum(r["ok"] for r in rows)
     improved = sum(r.get("verdict") == "improved" for r in rows)
     verified = sum("verdict" in r for r in rows)
