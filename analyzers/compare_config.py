@@ -116,6 +116,8 @@ def config_diff(a: Manifest, b: Manifest, host_a=None, host_b=None) -> ConfigDif
         fa = {k: v for k, v in (a.config.get("faults") or {}).items() if v}
         fb = {k: v for k, v in (b.config.get("faults") or {}).items() if v}
         changes += _diff(fa, fb, "config", "faults.")
+        # A server perfdiag launched: its arguments are its settings (vLLM's flags).
+        changes += _diff(_launch_args(a), _launch_args(b), "config", "server.")
     elif _imported(a) and _imported(b):  # traces: the files are not a setting
         ia, ib = _trace_identity(a), _trace_identity(b)
         changes += _diff(ia, ib, "environment", "trace.")
@@ -150,6 +152,13 @@ def config_diff(a: Manifest, b: Manifest, host_a=None, host_b=None) -> ConfigDif
     if ea.get("hostname") != eb.get("hostname"):
         notes.append(f"recorded on {ea.get('hostname')} and {eb.get('hostname')}")
     return ConfigDiff(tuple(changes), tuple(notes))
+
+
+def _launch_args(m: Manifest) -> dict:
+    """The launched server's parsed arguments, less the free port each launch picks."""
+    launch = (m.config.get("server") or {}).get("launch")
+    args = launch.get("args") if isinstance(launch, dict) else None
+    return {k: v for k, v in args.items() if k != "port"} if isinstance(args, dict) else {}
 
 
 def gpus_text(gpus) -> str | None:

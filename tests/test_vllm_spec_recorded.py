@@ -154,3 +154,15 @@ def test_a_baseline_without_speculation_gives_the_measured_speedup():
     assert ev["measured"] == pytest.approx(tps / base_tps)
     assert ev["measured"] > 2  # looping greedy outputs: most drafts land
     assert f"measured {ev['measured']:.2f}×" in f.title
+
+
+def test_compare_names_the_servers_launch_flag_as_the_variable():
+    """spec-off and spec-ngram differ in one launch flag: compare must say so, not report
+    'no recorded variable changed' (a launched server's arguments are its settings; the
+    port a launch picks is not)."""
+    from perfdiag.analyzers.compare_config import config_diff
+
+    a, b = load_run(RUN.parent / "spec-off"), load_run(RUN)
+    names = [c.name for c in config_diff(a.manifest, b.manifest).variables]
+    assert "server.speculative_config" in names
+    assert "server.port" not in names
