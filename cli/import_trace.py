@@ -55,7 +55,10 @@ def import_trace(
     ] = False,
     ray_address: Annotated[
         str | None,
-        typer.Option(help="With --ray: a running Ray cluster's address instead (or 'auto')."),
+        typer.Option(
+            help="A running Ray cluster's address (HOST:PORT or 'auto'); implies --ray, as "
+            "perfdiag run --clients takes it."
+        ),
     ] = None,
     parts_dir: Annotated[
         Path | None,
@@ -76,8 +79,9 @@ def import_trace(
     if jobs is not None and jobs < 1:
         raise ConfigError("--jobs must be at least 1")
     traces = trace_files(traces)
-    if not use_ray and (parts_dir is not None or ray_address is not None):
-        raise ConfigError("--parts-dir and --ray-address go with --ray")
+    use_ray = use_ray or ray_address is not None
+    if not use_ray and parts_dir is not None:
+        raise ConfigError("--parts-dir goes with --ray (or --ray-address)")
     if use_ray:
         if jobs is not None:
             raise ConfigError("--jobs does not apply with --ray (each task reads one file)")

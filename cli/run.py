@@ -77,6 +77,15 @@ def run(
             "per token and KV head: more blocks in the same --kv-cache-mb [auto].",
         ),
     ] = None,
+    kv_offload_mb: Annotated[
+        float | None,
+        _opt(
+            "--kv-offload-mb",
+            panel=ENGINE,
+            help="Host memory for the prefix cache's second tier: blocks the device pool "
+            "evicts are kept there and restored by copy on a hit [0: off].",
+        ),
+    ] = None,
     block_size: Annotated[
         int | None, _opt("--block-size", panel=ENGINE, help="Tokens per KV block [16].")
     ] = None,
@@ -183,6 +192,15 @@ def run(
             "draft model sharing the tokenizer), K draft tokens per step in 1..16 [off].",
         ),
     ] = None,
+    async_scheduling: Annotated[
+        bool,
+        _opt(
+            "--async-scheduling",
+            panel=ENGINE,
+            help="Overlapped scheduling: schedule and prepare step N+1 while step N's forward "
+            "runs (vLLM's flag of the same name; SGLang's overlap scheduler).",
+        ),
+    ] = False,
     # workload
     workload: Annotated[
         str | None,
@@ -379,10 +397,11 @@ def run(
     ray: Annotated[
         str | None,
         _opt(
+            "--ray-address",
             "--ray",
             panel=TARGET,
             help="With --target: the Ray cluster (HOST:PORT, or auto) that runs the clients "
-            "[a local one, started for the run].",
+            "[a local one, started for the run]; the same flag as perfdiag import's.",
         ),
     ] = None,
 ) -> None:

@@ -205,7 +205,8 @@ def test_bad_ray_options_are_one_line_errors(tmp_path):
             ["--ray", "--ray-address", "127.0.0.1:1"],
             "nothing answers there",
         ),  # no minutes of retries
-        (["--parts-dir", str(tmp_path / "p")], "go with --ray"),
+        (["--ray-address", "127.0.0.1:1"], "nothing answers there"),  # implies --ray
+        (["--parts-dir", str(tmp_path / "p")], "goes with --ray"),
         (["--ray", "--jobs", "2"], "--jobs does not apply with --ray"),
     ):
         done = subprocess.run([*cli, *extra], capture_output=True, text=True, timeout=60)

@@ -104,7 +104,7 @@ def test_the_late_shard_is_named():
 
 
 def test_clients_without_target_is_one_line(cli):
-    for args in (["--clients", "2"], ["--ray", "auto"]):
+    for args in (["--clients", "2"], ["--ray", "auto"], ["--ray-address", "auto"]):
         done = cli("run", *args, "-n", "2")
         assert done.returncode == 1 and "need --target" in done.stderr
         assert "Traceback" not in done.stderr
