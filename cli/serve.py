@@ -84,6 +84,10 @@ def serve(
     kv_dtype: Annotated[
         str, _opt("--kv-dtype", panel=ENGINE, help="KV storage: auto, int8 or fp8 [auto].")
     ] = "auto",
+    kv_offload_mb: Annotated[
+        float,
+        _opt("--kv-offload-mb", panel=ENGINE, help="Host tier for the prefix cache, MiB [0: off]."),
+    ] = 0.0,
     chunk_size: Annotated[
         int, _opt("--chunk-size", panel=ENGINE, help="Prefill chunk per request [512].")
     ] = 512,
@@ -125,6 +129,7 @@ def serve(
     engine_options = EngineOptions(preset=preset, model_dir=str(model_dir) if model_dir else None,
                                    device=device, dtype=dtype, kv_cache_mb=kv_cache_mb,
                                    kv_blocks=kv_blocks, kv_dtype=kv_dtype, chunk_size=chunk_size,
+                                   kv_offload_mb=kv_offload_mb,
                                    prefix_cache=prefix_cache, max_seqs=max_seqs,
                                    max_batched_tokens=max_batched_tokens, seed=seed,
                                    model_file=str(model_file) if model_file else None,

@@ -26,6 +26,7 @@ def build_options(flags: dict):
         "preset": g("preset"), "model_dir": str(model_dir) if model_dir else None,
         "device": g("device"), "dtype": g("dtype"), "kv_cache_mb": g("kv_cache_mb"),
         "kv_blocks": g("kv_blocks"), "kv_dtype": g("kv_dtype"), "block_size": g("block_size"),
+        "kv_offload_mb": g("kv_offload_mb"),
         "chunk_size": g("chunk_size"), "prefix_cache": g("prefix_cache"),
         "max_seqs": g("max_seqs"), "max_batched_tokens": g("max_batched_tokens"),
         "preemption": g("preemption"), "policy": g("policy"), "max_wait_ms": g("max_wait_ms"),

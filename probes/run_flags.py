@@ -33,7 +33,8 @@ def _flags(panel: str | None, *specs: tuple) -> tuple[RunFlag, ...]:
 RUN_FLAGS: tuple[RunFlag, ...] = (
     *_flags(ENGINE, ("preset", str), ("model_dir", Path), ("model_file", Path),
             ("weights", str), ("device", str), ("dtype", str), ("kv_cache_mb", float),
-            ("kv_blocks", int), ("kv_dtype", str), ("block_size", int), ("chunk_size", int),
+            ("kv_blocks", int), ("kv_dtype", str), ("kv_offload_mb", float), ("block_size", int),
+            ("chunk_size", int),
             ("no_chunked_prefill", bool)),
     RunFlag("prefix_cache", bool, ENGINE),  # --prefix-cache/--no-prefix-cache: None, not given
     *_flags(ENGINE, ("max_seqs", int), ("max_batched_tokens", int), ("preemption", str),

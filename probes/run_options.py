@@ -27,6 +27,7 @@ class EngineOptions:
     kv_cache_mb: float = 256.0
     kv_blocks: int | None = None  # overrides kv_cache_mb
     kv_dtype: str = "auto"  # KV storage: the model's dtype, or int8 / fp8 with scales
+    kv_offload_mb: float = 0.0  # the prefix cache's host tier (engine_ref/host_tier.py)
     block_size: int = 16
     chunk_size: int | None = 512  # None: chunked prefill off
     prefix_cache: bool = True
@@ -67,6 +68,9 @@ class EngineOptions:
 
         if self.kv_dtype not in KV_DTYPES:
             raise ConfigError(f"--kv-dtype {self.kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
+        if not (math.isfinite(self.kv_offload_mb) and 0 <= self.kv_offload_mb <= MAX_KV_CACHE_MB):
+            raise ConfigError(f"--kv-offload-mb must be in [0, {MAX_KV_CACHE_MB:,}] MiB, "
+                              f"got {self.kv_offload_mb}")  # fmt: skip
 
         RouterPolicy.parse(self.router).check_replicas(self.dp)
         if self.dp > 1 and self.tp > 1:
@@ -112,6 +116,7 @@ class EngineOptions:
             kv_cache_bytes=int(self.kv_cache_mb * 2**20),
             enable_prefix_caching=self.prefix_cache,
             kv_dtype=self.kv_dtype,
+            kv_offload_bytes=int(self.kv_offload_mb * 2**20),
         )
         scheduler = SchedulerConfig(
             max_num_seqs=self.max_seqs,
