@@ -326,6 +326,12 @@ class EngineConfig:
     # Mixture of experts over those ranks: the rank of each expert, E / N per rank (empty:
     # contiguous, rank r holding experts [r·E/N, (r+1)·E/N)).
     expert_placement: tuple[int, ...] = ()
+    # Pipeline parallelism (pipeline.py): one process per stage of consecutive layers, the
+    # step's batch in `pipeline_microbatches` micro-batches (0: one per stage); the layers
+    # per stage (empty: as even as possible).
+    pipeline_parallel_size: int = 1
+    pipeline_microbatches: int = 0
+    pipeline_layers: tuple[int, ...] = ()
     # Speculative decoding (speculative/): a proposer drafts, one target forward verifies.
     speculative: SpeculativeConfig | None = None
     # Overlapped scheduling (async_step.py): step N+1 is scheduled and prepared while step
@@ -384,6 +390,11 @@ class EngineConfig:
             _require(self.tensor_parallel_size == 1,
                      "--async-scheduling runs without --tp for now")  # fmt: skip
         object.__setattr__(self, "expert_placement", tuple(int(r) for r in self.expert_placement))
+        object.__setattr__(self, "pipeline_layers", tuple(int(n) for n in self.pipeline_layers))
+        if self.pipeline_parallel_size != 1 or self.pipeline_layers:
+            from .pipeline_config import check_pipeline
+
+            check_pipeline(self)
         if self.expert_placement:
             self._check_expert_placement()
         if self.model.is_moe:

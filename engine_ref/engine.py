@@ -62,6 +62,10 @@ class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps, OverlappedSteps):
         num_blocks, num_cpu = local_kv_blocks(config)
         if config.tensor_parallel_size > 1:
             self._start_tensor_parallel(num_blocks, num_cpu)
+        elif config.pipeline_parallel_size > 1:
+            from .pipeline import start_pipeline
+
+            start_pipeline(self, num_blocks, num_cpu)
         else:
             self.model = build_model(config)
             self.kv_cache = KVCache(mcfg, num_blocks, cc.block_size, num_cpu, device,
@@ -86,9 +90,7 @@ class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps, OverlappedSteps):
         )
         runner_cls, extra = ModelRunner, {}
         if self.tp is not None:
-            from .parallel import TPModelRunner
-
-            runner_cls, extra = TPModelRunner, {"tp": self.tp}
+            runner_cls, extra = self.tp.runner_class(), {"tp": self.tp}
         self.runner = runner_cls(
             self.model,
             self.kv_cache,

@@ -46,12 +46,17 @@ def build_model(config: EngineConfig) -> LlamaModel:
 
 def local_kv_blocks(config: EngineConfig) -> tuple[int, int]:
     """Device and CPU blocks of one rank's pool: `kv_cache_bytes` per rank, each rank
-    holding its share of the KV heads (all of them without tensor parallelism)."""
+    holding its share of the KV heads (all of them without tensor parallelism) and, with
+    pipeline parallelism, its stage's layers."""
     cc, mcfg = config.cache, config.model
     if config.tensor_parallel_size > 1:
         from .parallel_shard import local_model_config
 
         mcfg = local_model_config(mcfg, config.tensor_parallel_size)
+    if config.pipeline_parallel_size > 1:  # each stage holds its layers: the largest one's
+        from .pipeline_split import largest_stage_config
+
+        mcfg = largest_stage_config(config)
     num_blocks = cc.num_gpu_blocks or num_blocks_for_bytes(
         mcfg, cc.block_size, config.dtype, cc.kv_cache_bytes, cc.kv_dtype
     )

@@ -130,6 +130,22 @@ class RankStepEvent(NamedTuple):
     involuntary_switches: int | None = None
 
 
+class StageEvent(NamedTuple):
+    """Pipeline parallelism: one stage's work on one micro-batch of a step, on rank 0's
+    clock: `compute` (its layers), `send` (the call handing the activations on; on the
+    CPU gloo copies them out inside it) or `recv` (from posting the receive to holding the
+    data: waiting for the previous stage, then the transfer)."""
+
+    stage: int  # = rank
+    step_id: int
+    microbatch: int
+    kind: str  # compute, send, recv
+    start_ns: int
+    end_ns: int
+    nbytes: int = 0  # send / recv: the activations' bytes
+    num_tokens: int = 0
+
+
 class ExpertLoadEvent(NamedTuple):
     """Mixture of experts: the tokens the router sent to one expert of one layer in one
     step (each token counts once per expert among its top-k), and the rank holding it."""
@@ -166,6 +182,10 @@ class EngineObserver:
 
     def on_rank_steps(self, events: list[RankStepEvent]) -> None:
         """Tensor parallelism: the workers' forwards, delivered like `on_collectives`."""
+
+    def on_pipeline_stages(self, events: list[StageEvent]) -> None:
+        """Pipeline parallelism: every stage's compute, send and recv per micro-batch,
+        delivered like `on_collectives`."""
 
     def on_spec_decode(self, events: list[SpecDecodeEvent]) -> None:
         """Speculative decoding: the step's verified requests, once per step after

@@ -99,7 +99,14 @@ class TensorParallel:
     Workers are `python -m perfdiag.engine_ref.parallel_worker` subprocesses (not multiprocessing's
     spawn, which re-imports the parent's __main__): each connects back to a local
     `multiprocessing.connection` listener (random authkey), receives its rank and the
-    config there, and sends its records and its error, if any, on that connection."""
+    config there, and sends its records and its error, if any, on that connection.
+    Pipeline parallelism (pipeline.py) reuses all of this with its own worker module."""
+
+    worker_module = "perfdiag.engine_ref.parallel_worker"
+    label = "tensor-parallel"
+
+    def _world_size(self, config) -> int:
+        return config.tensor_parallel_size
 
     def __init__(self, config) -> None:
         import subprocess
@@ -108,11 +115,11 @@ class TensorParallel:
         import torch.distributed as dist
 
         self.dist = dist
-        self.tp = tp = config.tensor_parallel_size
+        self.tp = tp = self._world_size(config)
         self.model_config = config.model
         self.expert_placement = config.expert_placement
         if dist.is_initialized():
-            raise ConfigError("a tensor-parallel engine is already running in this process")
+            raise ConfigError(f"a {self.label} engine is already running in this process")
         self.device = torch.device(config.device)
         self.backend = backend = "nccl" if self.device.type == "cuda" else "gloo"
         port = _free_port()
@@ -129,7 +136,7 @@ class TensorParallel:
             with Listener(("127.0.0.1", 0), authkey=key) as listener:
                 for _ in range(1, tp):
                     self.procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "perfdiag.engine_ref.parallel_worker",
+                        [sys.executable, "-m", self.worker_module,
                          str(listener.address[1])],
                         stdin=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                     ))  # fmt: skip
@@ -232,13 +239,20 @@ class TensorParallel:
                 else:
                     colls.extend(msg[0])
                     steps.extend(msg[1])
+                    self._more_records(msg[2:])
         return colls, steps
+
+    def _more_records(self, extra: tuple) -> None:
+        """A worker message's records past its collectives and forwards (pipeline.py)."""
+
+    def runner_class(self):
+        return TPModelRunner
 
     def _check_workers(self) -> None:
         for rank, p in enumerate(self.procs, 1):
             if p.poll() is not None:
                 raise RuntimeError(self._worker_error(
-                    f"tensor-parallel rank {rank} exited (code {p.returncode})"))  # fmt: skip
+                    f"{self.label} rank {rank} exited (code {p.returncode})"))  # fmt: skip
 
     def _worker_error(self, default: str) -> str:
         deadline = time.monotonic() + 2.0
@@ -256,10 +270,10 @@ class TensorParallel:
             dead = [(r, p.returncode) for r, p in enumerate(self.procs, 1) if p.poll() is not None]
             if dead:
                 r, code = dead[0]
-                return RuntimeError(f"tensor-parallel rank {r} exited (code {code}): {exc}")
+                return RuntimeError(f"{self.label} rank {r} exited (code {code}): {exc}")
             self.take_records()
             time.sleep(0.02)
-        return RuntimeError(self._error or f"tensor parallelism failed: {exc}")
+        return RuntimeError(self._error or f"{self.label} engine failed: {exc}")
 
     # ---- shutdown ----------------------------------------------------------------------------
     def close(self, observer=None) -> None:
