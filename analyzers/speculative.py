@@ -162,6 +162,7 @@ class SpecSummary:
     draft_fill: float  # drafted / (verifies × K): how often the proposer had K to offer
     position_acceptance: list = field(default_factory=list)  # by_position
     expected_tokens: float = float("nan")  # E at α and K
+    drafted_steps: float = float("nan")  # a server's decode steps with a draft (share)
     # Costs (NaN without phases)
     steps: int = 0
     draft_ms: float = float("nan")  # per step
@@ -358,7 +359,9 @@ def from_server(sm, launched: dict | None = None) -> SpecSummary | None:
     spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens / _per_pos, over the
     run: analyzers/server_metrics.py); None when it exported none. A draft is one
     request's verify: it emits its accepted tokens plus the target's own (a request's
-    last verify may emit more than its max_tokens keeps). `launched`: vLLM's
+    last verify may emit more than its max_tokens keeps). Tokens per target forward are
+    over every decode step, drafted or not, when the generated tokens and finished
+    requests are in the counters (else per draft). `launched`: vLLM's
     --speculative-config as launched (method, num_speculative_tokens), when known. Costs
     are not in the counters: nothing here is priced."""
     launched = launched or {}
@@ -380,6 +383,15 @@ def from_server(sm, launched: dict | None = None) -> SpecSummary | None:
     tried = accepted + rejections
     alpha = accepted / tried if tried and tried == tried else float("nan")
     method = launched.get("method")
+    # A draft is counted only where the proposer offered tokens (n-gram lookup often finds
+    # no match): each decode step of a request emits 1 + its accepted drafts and the first
+    # token is the prefill's, so the steps come from the generated tokens.
+    per_forward, drafted_steps = (accepted + drafts) / drafts, float("nan")
+    generated = sm.counters.get("generation_tokens")
+    finished = sm.counters.get("requests_finished")
+    if generated and finished is not None and generated - finished - accepted >= drafts:
+        steps = generated - finished - accepted
+        per_forward, drafted_steps = (generated - finished) / steps, drafts / steps
     return SpecSummary(
         method=str(method) if method else None,
         k=int(k),
@@ -391,8 +403,9 @@ def from_server(sm, launched: dict | None = None) -> SpecSummary | None:
         acceptance=accepted / drafted if drafted else float("nan"),
         alpha=alpha,
         mean_accepted=accepted / drafts,
-        tokens_per_forward=(accepted + drafts) / drafts,
+        tokens_per_forward=per_forward,
         draft_fill=drafted / (drafts * k),
         position_acceptance=position,
         expected_tokens=float(expected_tokens(alpha, k)) if alpha == alpha else float("nan"),
+        drafted_steps=drafted_steps,
     )

@@ -41,7 +41,8 @@ def _summary(ctx: TriageContext):
         s = spec.from_server(rec[0], _launched_spec(ctx))
         if s is not None:
             names = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens",
-                     "spec_accepted_by_position")  # fmt: skip
+                     "spec_accepted_by_position", "generation_tokens",
+                     "requests_finished")  # fmt: skip
             return _server_speedup(ctx, s), rec[0].source(*names)
     return Unavailable(_NONE)
 
@@ -138,6 +139,8 @@ def _common(s: spec.SpecSummary, source: str) -> tuple:
         ev("expected_tokens", "expected at α and K (Leviathan et al.)", s.expected_tokens),
         ev("by_position", "accepted through position 0, 1, …", positions),
         ev("draft_fill", "drafts offered of K", s.draft_fill, "%"),
+        *((ev("drafted_steps", "decode steps with a draft (the rest decode one token)",
+              s.drafted_steps, "%"),) if finite(s.drafted_steps) else ()),
         ev("verifies", "request verifications", s.verifies),
         ev("source", "evidence", source),
     )  # fmt: skip
@@ -163,7 +166,7 @@ def _costs(s: spec.SpecSummary) -> tuple:
 @fact(
     "spec_acceptance",
     provides=("method", "acceptance", "alpha", "mean_accepted", "tokens_per_forward",
-              "expected_tokens", "by_position", "draft_fill", "verifies", "source",
+              "expected_tokens", "by_position", "draft_fill", "drafted_steps", "verifies", "source",
               "modelled", "predicted", "measured"),
 )  # fmt: skip
 def spec_acceptance(ctx: TriageContext) -> Fact | Unavailable:
@@ -190,7 +193,7 @@ def spec_acceptance(ctx: TriageContext) -> Fact | Unavailable:
 @fact(
     "spec_no_speedup",
     provides=("method", "acceptance", "alpha", "mean_accepted", "tokens_per_forward",
-              "expected_tokens", "by_position", "draft_fill", "verifies", "source",
+              "expected_tokens", "by_position", "draft_fill", "drafted_steps", "verifies", "source",
               "draft_ms", "verify_ms", "plain_ms", "plain_source", "other_ms", "c", "v",
               "leviathan", "predicted", "best_k", "best_speedup", "speedup",
               "speedup_source", "eaten_by", "eaten_ms", "other_cost_ms", "gained",
@@ -261,7 +264,7 @@ def _no_speedup_advice(s: spec.SpecSummary, eaten: str, break_even: float) -> st
 @fact(
     "spec_k_gain",
     provides=("method", "acceptance", "alpha", "mean_accepted", "tokens_per_forward",
-              "expected_tokens", "by_position", "draft_fill", "verifies", "source",
+              "expected_tokens", "by_position", "draft_fill", "drafted_steps", "verifies", "source",
               "draft_ms", "verify_ms", "plain_ms", "plain_source", "other_ms", "c", "v",
               "leviathan", "predicted", "best_k", "best_speedup", "k", "advice"),
 )  # fmt: skip
