@@ -36,6 +36,7 @@ Pure pandas over a run; no torch.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -408,4 +409,38 @@ def from_server(sm, launched: dict | None = None) -> SpecSummary | None:
         position_acceptance=position,
         expected_tokens=float(expected_tokens(alpha, k)) if alpha == alpha else float("nan"),
         drafted_steps=drafted_steps,
+    )
+
+
+def priced_from_chunks(s: SpecSummary, step_s: float, plain_s: float) -> SpecSummary:
+    """A server's speculation priced from the client's side (its counters hold no times):
+    `step_s` the mean gap between a request's chunks in this run (one server step each),
+    `plain_s` the same in a baseline run of the same load without speculation. Their
+    difference over the draft positions a step carries is what a position costs, draft and
+    verify together (c here, v = 0): speedup(K) = E(K) / (1 + K·c), Leviathan's form."""
+    if not (step_s > 0 and plain_s > 0) or s.alpha != s.alpha:
+        return s
+    drafted = s.drafted_steps if s.drafted_steps == s.drafted_steps else 1.0
+    positions = max(s.k * s.draft_fill * drafted, 1e-9)
+    c = max(step_s / plain_s - 1.0, 0.0) / positions
+    ks = np.arange(1, MAX_K + 1)
+    curve = predicted_speedup(s.alpha, ks, c)
+    now = float(predicted_speedup(s.alpha, s.k, c))
+    return dataclasses.replace(
+        s,
+        step_ms=step_s * 1e3,
+        plain_forward_ms=plain_s * 1e3,
+        plain_source=(
+            "the baseline run's gaps between a request's chunks (a server step without "
+            "drafts), against this run's; draft and verify are not told apart"
+        ),
+        c=c,
+        v=0.0,
+        o=0.0,
+        leviathan_speedup=now,
+        predicted_speedup=now,
+        modelled_speedup=s.tokens_per_forward * plain_s / step_s,
+        best_k=int(ks[int(np.argmax(curve))]),
+        best_speedup=float(curve.max()),
+        best_gain=float(curve.max()) / now - 1.0 if now > 0 else float("nan"),
     )

@@ -73,6 +73,7 @@ def _server_speedup(ctx: TriageContext, s: spec.SpecSummary) -> spec.SpecSummary
     tps, base = m.throughput.output_tokens_per_s, bm.throughput.output_tokens_per_s
     if not (finite(tps) and finite(base) and base > 0):
         return s
+    s = spec.priced_from_chunks(s, m.itl_per_chunk_s.mean, bm.itl_per_chunk_s.mean)
     return dataclasses.replace(s, tokens_per_s=tps, baseline_tokens_per_s=base,
                                measured_speedup=tps / base)  # fmt: skip
 
@@ -93,8 +94,11 @@ def spelling(s: spec.SpecSummary, k: int) -> str:
     return f"{s.method or 'ngram'}:{k}"
 
 
-def vllm_spelling(s: spec.SpecSummary, k: int) -> str:
-    """vLLM's `--speculative-config` for the same method at K."""
+def vllm_spelling(s: spec.SpecSummary, k: int, launched: dict | None = None) -> str:
+    """vLLM's `--speculative-config` for the same method at K: the launched one with only
+    num_speculative_tokens changed, when the run launched vLLM with one."""
+    if launched:
+        return f"--speculative-config '{json.dumps({**launched, 'num_speculative_tokens': k})}'"
     conf = {"method": "ngram" if s.method != "draft" else "draft_model"}
     if s.method == "draft" and s.draft:
         conf["model"] = s.draft
@@ -220,6 +224,9 @@ def spec_no_speedup(ctx: TriageContext) -> Fact | Unavailable:
     eaten_ms, other_ms = s.draft_ms, verify_extra
     if verify_extra > s.draft_ms:
         eaten, other, eaten_ms, other_ms = "verify time", "draft time", verify_extra, s.draft_ms
+    if source != ENGINE_SOURCE:  # a server: only its steps' length, seen from the client
+        eaten, other = "draft and verify time (the server does not time them apart)", "rest"
+        eaten_ms, other_ms = s.step_ms - s.plain_forward_ms, float("nan")
     positions = max(s.k * s.draft_fill, 1.0)
     # The c at which this K just pays: E(1+o) = 1 + o + K(c + v).
     break_even = (s.tokens_per_forward - 1) * (1 + s.o) / positions - s.v
@@ -234,13 +241,34 @@ def spec_no_speedup(ctx: TriageContext) -> Fact | Unavailable:
         ev("other_cost_ms", f"{other} per step", other_ms, "ms"),
         ev("gained", "tokens gained per request per step", s.tokens_per_forward - 1),
         ev("break_even_c", "c at which this K breaks even", break_even),
-        ev("advice", "advice", _no_speedup_advice(s, eaten, break_even) if value else ""),
+        ev("advice", "advice", _no_speedup_advice(s, eaten, break_even, _server(ctx, source))
+           if value else ""),
     )  # fmt: skip
     action = _k_action(ctx, s) if s.best_speedup > max(1.0, s.predicted_speedup) else None
     return Fact(value, evidence, impact=min(1.0, value), action=action)
 
 
-def _no_speedup_advice(s: spec.SpecSummary, eaten: str, break_even: float) -> str:
+def _server(ctx: TriageContext, source: str) -> dict | None:
+    """The launched --speculative-config ({} when not known) for a server's run; None for
+    engine_ref's."""
+    return None if source == ENGINE_SOURCE else _launched_spec(ctx)
+
+
+def _no_speedup_advice(s: spec.SpecSummary, eaten: str, break_even: float,
+                       server: dict | None = None) -> str:  # fmt: skip
+    if server is not None:
+        if s.best_k is not None and s.best_k != s.k and s.best_speedup > 1.0:
+            return (
+                f"Launch vLLM with {vllm_spelling(s, s.best_k, server)} (now "
+                f"num_speculative_tokens = {s.k}): at α {s.alpha:.0%} and c {s.c:.2f} it is "
+                f"predicted {s.best_speedup:.2f}× the tokens/s without speculation (now "
+                f"{s.predicted_speedup:.2f}×)."
+            )
+        return (
+            f"Launch vLLM without --speculative-config: no num_speculative_tokens in 1..16 "
+            f"pays at α {s.alpha:.0%} with these costs (best {s.best_k} predicts "
+            f"{s.best_speedup:.2f}×)."
+        )
     if s.best_k is not None and s.best_k != s.k and s.best_speedup > 1.0:
         return (
             f"Use --speculative {spelling(s, s.best_k)} (now {spelling(s, s.k)}): at α "
@@ -280,7 +308,14 @@ def spec_k_gain(ctx: TriageContext) -> Fact | Unavailable:
     pays = s.best_k != s.k and s.best_speedup > 1.0
     value = s.best_gain if pays else 0.0
     advice = ""
-    if pays:
+    server = _server(ctx, source)
+    if pays and server is not None:  # a server: its own flag
+        advice = (
+            f"Launch vLLM with {vllm_spelling(s, s.best_k, server)} (now num_speculative_tokens = "
+            f"{s.k}): predicted {s.best_speedup:.2f}× the tokens/s of no speculation against "
+            f"{s.predicted_speedup:.2f}× now (+{s.best_gain:.0%})."
+        )
+    elif pays:
         advice = (
             f"Set --speculative {spelling(s, s.best_k)} (now {spelling(s, s.k)}): predicted "
             f"{s.best_speedup:.2f}× the tokens/s of no speculation against "
