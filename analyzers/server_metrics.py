@@ -55,6 +55,27 @@ COUNTERS: dict[str, tuple[tuple[str, dict], ...]] = {
     "preemptions": (("vllm:num_preemptions_total", {}), ("sglang:num_retracted_reqs_total", {})),
     "prefix_queries": (("vllm:prefix_cache_queries_total", {}),),
     "prefix_hits": (("vllm:prefix_cache_hits_total", {}),),
+    # vLLM's KV offloading connector (a host tier): the external prefix cache's tokens,
+    # bytes and seconds of loads (host -> device) and stores; 0.32's flat names first,
+    # then its deprecated ones labelled by transfer_type (analyzers/kv_offload.py).
+    "external_prefix_queries": (("vllm:external_prefix_cache_queries_total", {}),),
+    "external_prefix_hits": (("vllm:external_prefix_cache_hits_total", {}),),
+    "offload_load_bytes": (
+        ("vllm:kv_offload_load_bytes_total", {}),
+        ("vllm:kv_offload_total_bytes_total", {"transfer_type": "CPU_to_GPU"}),
+    ),
+    "offload_load_s": (
+        ("vllm:kv_offload_load_time_total", {}),
+        ("vllm:kv_offload_total_time_total", {"transfer_type": "CPU_to_GPU"}),
+    ),
+    "offload_store_bytes": (
+        ("vllm:kv_offload_store_bytes_total", {}),
+        ("vllm:kv_offload_total_bytes_total", {"transfer_type": "GPU_to_CPU"}),
+    ),
+    "offload_store_s": (
+        ("vllm:kv_offload_store_time_total", {}),
+        ("vllm:kv_offload_total_time_total", {"transfer_type": "GPU_to_CPU"}),
+    ),
     "prompt_tokens": (
         ("vllm:prompt_tokens_total", {}),
         ("sglang:prompt_tokens_total", {}),

@@ -30,6 +30,7 @@ SERVING_FACTS = frozenset({
     "prefix_reuse_missed", "cache_hits", "failure_rate", "slo_attainment", "output_mismatch",
     "latency_regression", "sent_below_plan", "ttft_overhead", "itl_spike",
     "spec_acceptance", "spec_no_speedup", "spec_k_gain", "kv_quant_tradeoff",
+    "offload_restore_slower", "offload_thrash",
 })  # fmt: skip
 # The tables only a serving run fills (facts_gate.missing_tables).
 SERVING_TABLES = ("requests", "request_events", "steps")

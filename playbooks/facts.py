@@ -107,6 +107,7 @@ def load_registry() -> dict[str, FactSpec]:
         facts_host,
         facts_latency,
         facts_load,
+        facts_offload,
         facts_parallel,
         facts_replicas,
         facts_resources,

@@ -521,29 +521,16 @@ def _prefix_evidence(ctx: TriageContext, grouped):
     return hits, block, setting, source, advice
 
 
-@fact("cache_hits", provides=("hit_pct", "device_tokens", "swap_tokens", "saved_ms", "saved_pct"))
+@fact("cache_hits", provides=("hit_pct", "device_tokens", "device_saved_ms", "host_tokens",
+                              "host_saved_ms", "swap_tokens", "swap_saved_ms", "saved_ms",
+                              "saved_pct"))  # fmt: skip
 def cache_hits(ctx: TriageContext) -> Fact | Unavailable:
     """Share of prompt tokens served from the prefix cache at admission, with the tier
-    they came from and the compute they saved."""
+    they came from and the compute each tier saved (facts_offload.tier_evidence)."""
+    from .facts_offload import tier_evidence
+
     c = ctx.get("cache")
     if c is None:
         return ctx.missing("cache")
-    tiers = {t.tier: t for t in c.tiers}
-    evidence = (
-        ev("hit_pct", "prompt tokens hit at admission", c.hit_rate, "%"),
-        ev(
-            "device_tokens",
-            "device tier hits",
-            tiers["device"].hit_tokens if "device" in tiers else 0,
-            "tokens",
-        ),
-        ev(
-            "swap_tokens",
-            "swap tier restores",
-            tiers["swap"].hit_tokens if "swap" in tiers else 0,
-            "tokens",
-        ),
-        ev("saved_ms", "compute saved", ms(c.saved_s), "ms"),
-        ev("saved_pct", "of step time", c.saved_share, "%"),
-    )
+    evidence = tier_evidence(ctx, c)
     return Fact(c.hit_rate if finite(c.hit_rate) else 0.0, evidence)
