@@ -78,15 +78,17 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from perfdiag.traces.importers.kineto import import_kineto
 from perfdiag.traces.reader import load_run
-from perfdiag.analyzers.report import timeline_report
-from perfdiag.analyzers.critical_path import run_critical_path
+from perfdiag.analyzers.report import report_from_spans
+from perfdiag.analyzers.spans import timeline_spans
+from perfdiag.analyzers.critical_path import critical_path
 t1 = time.perf_counter()
 s = import_kineto([sys.argv[1]], sys.argv[2])
 t2 = time.perf_counter()
 run = load_run(sys.argv[2])
-rep = timeline_report(run)
+df = timeline_spans(run)  # one read for both, as `perfdiag timeline` does
+rep = report_from_spans(df, run.steps)
 t3 = time.perf_counter()
-run_critical_path(run)  # as `perfdiag timeline` runs it (on by default)
+critical_path(df, rep.windows)  # as `perfdiag timeline` runs it (on by default)
 t4 = time.perf_counter()
 r = resource.getrusage
 meta = load_run(sys.argv[2]).manifest.extra["kineto"]["files"][0]
