@@ -417,15 +417,20 @@ def priced_from_chunks(s: SpecSummary, step_s: float, plain_s: float) -> SpecSum
     `step_s` the mean gap between a request's chunks in this run (one server step each),
     `plain_s` the same in a baseline run of the same load without speculation. Their
     difference over the draft positions a step carries is what a position costs, draft and
-    verify together (c here, v = 0): speedup(K) = E(K) / (1 + K·c), Leviathan's form."""
+    verify together (c here, v = 0). Only a share d of the steps drafted (the proposer
+    found nothing in the rest; K does not change that), so speedup(K) =
+    (1 + d·(E(K) − 1)) / (1 + d·K·c): Leviathan's E / (1 + K·c) at d = 1."""
     if not (step_s > 0 and plain_s > 0) or s.alpha != s.alpha:
         return s
-    drafted = s.drafted_steps if s.drafted_steps == s.drafted_steps else 1.0
-    positions = max(s.k * s.draft_fill * drafted, 1e-9)
-    c = max(step_s / plain_s - 1.0, 0.0) / positions
+    d = s.drafted_steps if s.drafted_steps == s.drafted_steps else 1.0
+    c = max(step_s / plain_s - 1.0, 0.0) / max(s.k * s.draft_fill * d, 1e-9)
     ks = np.arange(1, MAX_K + 1)
-    curve = predicted_speedup(s.alpha, ks, c)
-    now = float(predicted_speedup(s.alpha, s.k, c))
+
+    def speedup(k):
+        return (1.0 + d * (expected_tokens(s.alpha, k) - 1.0)) / (1.0 + d * np.asarray(k) * c)
+
+    curve = speedup(ks)
+    now = float(speedup(s.k))
     return dataclasses.replace(
         s,
         step_ms=step_s * 1e3,
