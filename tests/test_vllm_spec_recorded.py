@@ -3,7 +3,9 @@ servers"): tests/data/vllm/runs/spec-ngram is a run that `perfdiag run --launch`
 against vLLM 0.32.0 (the CPU build, SmolLM2-135M) serving with n-gram prompt lookup
 (`--speculative-config '{"method": "ngram", "num_speculative_tokens": 4, ...}'`), driven
 by benchmarks/vllm_diagnosis.py's `spec-ngram` case (12 requests, 2 warm-up, 4 clients,
-greedy, 128 output tokens; recorded by `PERFDIAG_VLLM_KEEP=… make test-vllm`).
+greedy, 128 output tokens; recorded with its `record()`, as `PERFDIAG_VLLM_KEEP=… make
+test-vllm` does; results/ left out like the other recorded runs). spec-off is the same
+load against the same vLLM launched without --speculative-config.
 
 Greedy SmolLM2 loops on random-id prompts, so most drafts are accepted and the server
 streams up to K + 1 tokens per chunk."""
