@@ -146,6 +146,32 @@ def run(
             help="Tensor-parallel ranks: one process each, gloo on the CPU, NCCL on CUDA [1].",
         ),
     ] = None,
+    pp: Annotated[
+        int | None,
+        _opt(
+            "--pp",
+            panel=ENGINE,
+            help="Pipeline stages: consecutive layers per process, micro-batches overlapped "
+            "across them, gloo on the CPU, NCCL on CUDA [1].",
+        ),
+    ] = None,
+    pp_microbatches: Annotated[
+        int | None,
+        _opt(
+            "--pp-microbatches",
+            panel=ENGINE,
+            help="Micro-batches each step's batch is cut into for --pp (whole requests each) "
+            "[as many as stages].",
+        ),
+    ] = None,
+    pp_layers: Annotated[
+        str | None,
+        _opt(
+            "--pp-layers",
+            panel=ENGINE,
+            help="Layers per --pp stage, e.g. 3,5 [as even as possible].",
+        ),
+    ] = None,
     dp: Annotated[
         int | None,
         _opt(

@@ -26,6 +26,7 @@ clock, to the observer's `on_pipeline_stages` (analyzers/pipeline.py reads them)
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
@@ -49,7 +50,12 @@ class PipelineParallel(TensorParallel):
         self.stages = stage_layers(config.model.num_layers, self.tp, config.pipeline_layers)
         self.microbatches = config.pipeline_microbatches or self.tp
         self.stage_events: list[StageEvent] = []
-        self.observer = None  # set by start_pipeline: workers' records go to it
+        self._engine = lambda: None  # start_pipeline: the engine, whose observer gets them
+
+    @property
+    def observer(self):
+        engine = self._engine()
+        return None if engine is None else engine.observer
 
     def info(self) -> dict:
         return {
@@ -91,7 +97,7 @@ def start_pipeline(engine, num_blocks: int, num_cpu: int) -> None:
 
     config = engine.config
     pp = PipelineParallel(config)
-    pp.observer = engine.observer
+    pp._engine = weakref.ref(engine)  # its observer may be set after construction
     engine.tp = pp
     try:
         engine.model = build_model(config)

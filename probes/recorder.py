@@ -23,6 +23,7 @@ from ..engine_ref.hooks import (
     RequestEvent,
     RequestEventKind,
     SpecDecodeEvent,
+    StageEvent,
     StepBegin,
     StepEvent,
 )
@@ -128,6 +129,17 @@ class RunRecorder(EngineObserver):
                         f'"involuntary_switches": {e.involuntary_switches or 0}}}')  # fmt: skip
             span(("tp_forward", "python", e.start_ns, e.end_ns - e.start_ns, None, None, None,
                   None, e.rank, e.step_id, None, None, None, host))  # fmt: skip
+
+    def on_pipeline_stages(self, events: list[StageEvent]) -> None:
+        # Pipeline parallelism: each stage's compute (python) and send / recv (comm, no seq:
+        # not a collective) per micro-batch, on rank 0's clock (analyzers/pipeline.py).
+        span = self._span
+        for e in events:
+            cat = "python" if e.kind == "compute" else "comm"
+            span((f"pp_{e.kind}", cat, e.start_ns, e.end_ns - e.start_ns, None, None, None,
+                  None, e.stage, e.step_id, None, None, e.nbytes or None,
+                  f'{{"group": "pp", "microbatch": {e.microbatch}, '
+                  f'"tokens": {e.num_tokens}}}'))  # fmt: skip
 
     def on_expert_loads(self, events: list[ExpertLoadEvent]) -> None:
         # Counters at the step's start (its row's start_ns: how analyzers find the step),

@@ -33,7 +33,9 @@ def build_options(flags: dict):
         "seed": g("seed"), "kernel_backend": g("kernel_backend"),
         "cuda_graphs": True if g("cuda_graphs") else None, "model_seed": g("model_seed"),
         "weights": g("weights"), "model_file": str(model_file) if model_file else None,
-        "tp": g("tp"), "dp": g("dp"), "router": g("router"), "expert_bias": g("expert_bias"),
+        "tp": g("tp"), "pp": g("pp"), "pp_microbatches": g("pp_microbatches"),
+        "pp_layers": g("pp_layers"), "dp": g("dp"), "router": g("router"),
+        "expert_bias": g("expert_bias"),
         "expert_placement": g("expert_placement"), "speculative": g("speculative"),
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}

@@ -39,7 +39,8 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
     RunFlag("prefix_cache", bool, ENGINE),  # --prefix-cache/--no-prefix-cache: None, not given
     *_flags(ENGINE, ("max_seqs", int), ("max_batched_tokens", int), ("preemption", str),
             ("policy", str), ("max_wait_ms", float), ("model_seed", int),
-            ("kernel_backend", str), ("cuda_graphs", bool), ("tp", int), ("dp", int),
+            ("kernel_backend", str), ("cuda_graphs", bool), ("tp", int), ("pp", int),
+            ("pp_microbatches", int), ("pp_layers", str), ("dp", int),
             ("router", str), ("expert_bias", str), ("expert_placement", str),
             ("speculative", str)),
     *_flags(WORKLOAD, ("workload", str), ("requests", int), ("warmup", int), ("rate", float),

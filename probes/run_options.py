@@ -43,6 +43,9 @@ class EngineOptions:
     model_file: str | None = None  # a GGUF file (llama.cpp's format) instead of a preset
     weights: str = "float"  # float, or q4_1 / q8_0 kept packed (weight-only quantisation)
     tp: int = 1  # tensor-parallel ranks (processes), engine_ref/parallel.py
+    pp: int = 1  # pipeline stages (processes), engine_ref/pipeline.py
+    pp_microbatches: int = 0  # micro-batches per step across the stages (0: one per stage)
+    pp_layers: str | None = None  # "N0,N1,…": layers per stage (None: as even as possible)
     dp: int = 1  # data-parallel replicas (threads of this process), engine_ref/replicas.py
     router: str = "round-robin"  # how requests reach the replicas, engine_ref/router.py
     # Mixture of experts: "E:B[,E:B…]" adds B to expert E's router logits (skewed routing)
@@ -75,6 +78,9 @@ class EngineOptions:
         RouterPolicy.parse(self.router).check_replicas(self.dp)
         if self.dp > 1 and self.tp > 1:
             raise ConfigError("--dp and --tp together are not supported: choose one")
+        if self.dp > 1 and self.pp > 1:
+            raise ConfigError("--dp and --pp together are not supported: choose one")
+        parse_counts("--pp-layers", self.pp_layers)
         if self.expert_bias is not None:
             parse_expert_bias(self.expert_bias)
         if self.expert_placement is not None:
@@ -139,9 +145,22 @@ class EngineOptions:
             kernel_backend=self.kernel_backend,
             cuda_graphs=self.cuda_graphs,
             tensor_parallel_size=self.tp,
+            pipeline_parallel_size=self.pp,
+            pipeline_microbatches=self.pp_microbatches,
+            pipeline_layers=parse_counts("--pp-layers", self.pp_layers),
             expert_placement=parse_expert_placement(self.expert_placement or ""),
             speculative=parse_speculative_flag(self.speculative) if self.speculative else None,
         )
+
+
+def parse_counts(flag: str, text: str | None) -> tuple[int, ...]:
+    """'3,5' → (3, 5); None or '' → (); a one-line ConfigError if malformed."""
+    if not text or not text.strip():
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"bad {flag} {text!r}: whole numbers separated by commas") from None
 
 
 def parse_expert_bias(text: str) -> tuple[tuple[int, float], ...]:
