@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import NamedTuple
 
 from .kv_cache import KVCache
@@ -55,8 +56,9 @@ class HostTier:
         self.restored: set[int] = set()  # slots restored at least once since written
         self.tokens: dict[int, tuple[int, ...] | None] = {}  # check mode: each slot's tokens
         self.pinned: set[bytes] = set()
-        # Injected fault (probes/faults.py `restore_delay_us`): extra time per restored block.
-        self.restore_delay_ns = 0
+        # Injected fault (probes/faults.py `restore_delay_us`): called with the number of
+        # blocks of each restore, inside its timing.
+        self.slow_restore: Callable[[int], None] | None = None
         # Drained each step by report_host_tier; bounded in case a step path never drains.
         self.restores: deque[HostRestore] = deque(maxlen=4096)
         self._offloaded = self._offload_ns = self._evicted_unused = 0
@@ -101,8 +103,8 @@ class HostTier:
         t0 = time.monotonic_ns()
         if slots:
             self.kv_cache.copy_from_host(self.host, slots, device_blocks)
-            if self.restore_delay_ns:
-                time.sleep(self.restore_delay_ns * len(slots) / 1e9)
+            if self.slow_restore is not None:
+                self.slow_restore(len(slots))
         ns = time.monotonic_ns() - t0 if slots else 0
         for h, slot in zip(hashes, slots, strict=True):
             self.slots.move_to_end(h)

@@ -30,8 +30,7 @@ def summary(ctx: TriageContext):
 def _summary(ctx: TriageContext):
     cost = ctx.get("step_cost")
     if ko.has_offload(ctx.run):
-        price = cost.prefill_token_cost_s if cost is not None else math.nan
-        priced = cost.priced_by if cost is not None else "no step cost model"
+        price, priced = _price(cost)
         return ko.summarize(ctx.run, price), ENGINE_SOURCE, priced
     from .facts_target import server_prefill_per_token, server_record
 
@@ -42,6 +41,23 @@ def _summary(ctx: TriageContext):
             names = ("external_prefix_hits", "offload_load_s", "offload_load_bytes")
             return s, rec[0].source(*names), "the server's prefill time per computed token"
     return Unavailable(_NONE)
+
+
+def _price(cost) -> tuple[float, str]:
+    """Seconds per prefill token and what priced it. Restores run inside the schedule
+    phase, so the steps holding them are slower than their batches explain and can leave
+    the fit untrusted: its own per-token price is then used, and said to be untrusted."""
+    if cost is None:
+        return math.nan, "no step cost model"
+    if finite(cost.prefill_token_cost_s):
+        return cost.prefill_token_cost_s, cost.priced_by
+    per_token = getattr(cost, "per_prefill_token_s", math.nan)
+    if cost.trusted and cost.chosen == "additive" and per_token == 0:
+        # A trusted fit in which a prefill token adds nothing measurable to its step.
+        return 0.0, f"{cost.priced_by}: a prefill token adds nothing measurable to a step"
+    if finite(per_token) and per_token > 0:
+        return per_token, f"{cost.priced_by}, not trusted: its per-token price taken as is"
+    return math.nan, cost.priced_by
 
 
 def tier_evidence(ctx: TriageContext, c) -> tuple:

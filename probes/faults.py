@@ -12,6 +12,10 @@ happened. The points, and where their time lands in the lifecycle:
 - `schedule_delay_ms`: inside each step's `schedule` phase — a slow scheduler;
 - `step_gap_ms`: after each step ends and before the next begins — host work between
   forward passes (output processing, detokenisation, bookkeeping).
+- `restore_delay_us` (per block): inside each restore from the prefix cache's host tier
+  (`--kv-offload-mb`), within its timing — a slow host → device copy (a PCIe link shared
+  or throttled, pageable instead of pinned memory). Applied by `slow_restore` on the
+  engine's host tier, not at a hook.
 - `draft_delay_ms`: inside each call for speculative drafts (the `draft` phase) — a slow
   proposer, its time where a slow draft model's or n-gram lookup's would be. Applied by
   wrapping the engine's proposer (`slow_proposer`), not at a hook.
@@ -65,6 +69,7 @@ class FaultOptions:
     schedule_delay_ms: float = 0.0
     step_gap_ms: float = 0.0
     draft_delay_ms: float = 0.0
+    restore_delay_us: float = 0.0  # per block restored from the host tier
     busy: bool = False
     slow_rank: int | None = None
     slow_rank_neighbours: int = 0
@@ -96,7 +101,7 @@ class FaultOptions:
 
     @property
     def active(self) -> bool:
-        return self.hooks_active or self.slow_rank is not None
+        return self.hooks_active or self.slow_rank is not None or self.restore_delay_us > 0
 
     @property
     def hooks_active(self) -> bool:
@@ -109,6 +114,13 @@ class FaultOptions:
         """With `draft_delay_ms`: the engine's proposer spends it in every propose call."""
         if self.draft_delay_ms > 0 and getattr(engine, "proposer", None) is not None:
             engine.proposer = SlowProposer(engine.proposer, self.draft_delay_ms * 1e-3, self.busy)
+
+    def slow_restore(self, engine) -> None:
+        """With `restore_delay_us`: each host-tier restore spends it per block."""
+        tier = getattr(getattr(engine, "block_manager", None), "host_tier", None)
+        if self.restore_delay_us > 0 and tier is not None:
+            seconds, busy = self.restore_delay_us * 1e-6, self.busy
+            tier.slow_restore = lambda blocks: spend(blocks * seconds, busy)
 
     def wrap(self, observer: EngineObserver) -> EngineObserver:
         """The observer to give the engine: `observer` itself when no fault is set."""

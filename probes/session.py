@@ -126,6 +126,7 @@ def record_run(
         engine.observer = faults.wrap(recorder) if faults is not None else recorder
         if faults is not None:
             faults.slow_proposer(engine)
+            faults.slow_restore(engine)
         sink = engine.observer
         if dp > 1:  # a recorder per replica, step ids unique across them
             sink = attach(replicas, lambda i: RunRecorder(

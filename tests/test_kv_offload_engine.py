@@ -222,3 +222,19 @@ def test_greedy_identical_on_smollm2():
             sink.append(eng.generate([p], params)[0].token_ids)
     assert outs == plain
     assert obs.host_tokens() > 0 and eng.is_drained()
+
+
+def test_the_restore_delay_fault_slows_restores_inside_their_timing():
+    from perfdiag.probes.faults import FaultOptions
+
+    items = hot_prefixes(seed=4)
+    times = {}
+    for delay in (0.0, 2000.0):
+        obs = Offloads()
+        eng = engine(64, observer=obs)
+        FaultOptions(restore_delay_us=delay).slow_restore(eng)
+        run(eng, items, 1)
+        restores = [r for r in obs.restores if r.host_tokens]
+        assert restores
+        times[delay] = min(r.restore_ns / (r.host_tokens // BLOCK) for r in restores)
+    assert times[2000.0] >= 2_000_000 > times[0.0]

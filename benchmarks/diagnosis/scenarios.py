@@ -158,6 +158,11 @@ _MOE_WORKLOAD = dict(
 _SPEC_WORKLOAD = dict(arrival=_closed(4), prompt_len=_len("uniform:8:32"),
                       output_len=_len("uniform:32:64"))  # fmt: skip
 
+# The host tier's scenarios: many short shared prefixes (their hot set is larger than the
+# device pool), short suffixes and outputs, so admissions and their restores dominate.
+_OFFLOAD_WORKLOAD = dict(shared_prefix=PrefixSpec(16, 24, 0.5), prompt_len=_len("uniform:16:48"),
+                         output_len=_len("uniform:2:6"))  # fmt: skip
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("healthy", "nothing: load within capacity, defaults", HEALTHY),
     Scenario(
@@ -561,6 +566,27 @@ SCENARIOS: tuple[Scenario, ...] = (
         engine=dict(speculative="ngram:8"),
         workload=dict(seed=5),
         variant_of="spec-k-far",
+    ),
+    # The prefix cache's host tier (issue 39): a device pool smaller than the hot prefixes,
+    # so they are offloaded and restored, each restore made slow for real (the
+    # restore_delay_us fault spends its time inside the copy): short prefixes come back
+    # slower than the prefill that would recompute them.
+    Scenario(
+        "offload-slow-restore",
+        "a host tier restoring 24-token prefixes at 5 ms a block of 4 (recompute is cheaper)",
+        "offload-restore-slower",
+        engine=dict(preset="small", kv_blocks=96, block_size=4, kv_offload_mb=16.0),
+        workload=dict(_OFFLOAD_WORKLOAD, shared_prefix=PrefixSpec(24, 24, 0.5)),
+        faults=FaultOptions(restore_delay_us=5000.0, busy=True),
+    ),
+    Scenario(
+        "offload-slow-restore-b",
+        "32-token prefixes in blocks of 8 restored at 8 ms a block, other seed",
+        "offload-restore-slower",
+        engine=dict(preset="small", kv_blocks=32, block_size=8, kv_offload_mb=16.0),
+        workload=dict(_OFFLOAD_WORKLOAD, seed=3, shared_prefix=PrefixSpec(12, 32, 0.3)),
+        faults=FaultOptions(restore_delay_us=8000.0, busy=True),
+        variant_of="offload-slow-restore",
     ),
 )
 
