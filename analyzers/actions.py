@@ -29,6 +29,7 @@ FLAGS = {
     ("engine", "expert_placement"): "--expert-placement",
     ("engine", "speculative"): "--speculative",
     ("engine", "kv_dtype"): "--kv-dtype",
+    ("engine", "async_scheduling"): "--async-scheduling",
     ("engine", "kv_offload_mb"): "--kv-offload-mb",
     ("workload", "concurrency"): "--concurrency",
     ("workload", "rate"): "--rate",

@@ -109,6 +109,14 @@ def serve(
             help="Speculative decoding: ngram:K or draft:PRESET_OR_FILE:K [off].",
         ),
     ] = None,
+    async_scheduling: Annotated[
+        bool,
+        _opt(
+            "--async-scheduling",
+            panel=ENGINE,
+            help="Schedule and prepare step N+1 while step N's forward runs.",
+        ),
+    ] = False,
     out_dir: Annotated[
         Path | None,
         typer.Option(
@@ -133,7 +141,8 @@ def serve(
                                    prefix_cache=prefix_cache, max_seqs=max_seqs,
                                    max_batched_tokens=max_batched_tokens, seed=seed,
                                    model_file=str(model_file) if model_file else None,
-                                   weights=weights, speculative=speculative)  # fmt: skip
+                                   weights=weights, speculative=speculative,
+                                   async_scheduling=async_scheduling)  # fmt: skip
     default_name = model_file.stem if model_file else model_dir.name if model_dir else preset
     name = served_model_name or default_name
     config = ServerConfig(host=host, port=port, model_name=name, api_key=api_key,

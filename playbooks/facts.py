@@ -108,6 +108,7 @@ def load_registry() -> dict[str, FactSpec]:
         facts_latency,
         facts_load,
         facts_offload,
+        facts_overlap,
         facts_parallel,
         facts_replicas,
         facts_resources,

@@ -92,6 +92,9 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         host_in = sum(
             np.nan_to_num(phase(p)) for p in ("schedule", "prepare_inputs", "post_process")
         )
+        # Overlapped scheduling (analyzers/host_overlap.py): the look-ahead's exposed part.
+        ahead = np.nan_to_num(phase("schedule_ahead")) + np.nan_to_num(phase("prepare_ahead"))
+        host_in = host_in + ahead - np.minimum(np.nan_to_num(phase("host_hidden")), ahead)
         # Speculative decoding's draft phase: a draft model computes (device work); an
         # n-gram lookup is host code.
         draft = np.nan_to_num(phase("draft"))

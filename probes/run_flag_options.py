@@ -37,6 +37,7 @@ def build_options(flags: dict):
         "pp_layers": g("pp_layers"), "dp": g("dp"), "router": g("router"),
         "expert_bias": g("expert_bias"),
         "expert_placement": g("expert_placement"), "speculative": g("speculative"),
+        "async_scheduling": True if g("async_scheduling") else None,
     }  # fmt: skip
     engine_changes = {k: v for k, v in engine_changes.items() if v is not None}
     if g("no_chunked_prefill"):

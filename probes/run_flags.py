@@ -42,7 +42,7 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
             ("kernel_backend", str), ("cuda_graphs", bool), ("tp", int), ("pp", int),
             ("pp_microbatches", int), ("pp_layers", str), ("dp", int),
             ("router", str), ("expert_bias", str), ("expert_placement", str),
-            ("speculative", str)),
+            ("speculative", str), ("async_scheduling", bool)),
     *_flags(WORKLOAD, ("workload", str), ("requests", int), ("warmup", int), ("rate", float),
             ("concurrency", int), ("arrival", str), ("burstiness", float), ("closed", bool),
             ("prompt_len", str), ("output_len", str), ("shared_prefix", str),

@@ -54,6 +54,7 @@ class EngineOptions:
     expert_placement: str | None = None
     # Speculative decoding: "ngram:K" or "draft:PRESET_OR_FILE:K" (None: off)
     speculative: str | None = None
+    async_scheduling: bool = False  # overlapped scheduling, engine_ref/async_step.py
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
@@ -150,6 +151,7 @@ class EngineOptions:
             pipeline_layers=parse_counts("--pp-layers", self.pp_layers),
             expert_placement=parse_expert_placement(self.expert_placement or ""),
             speculative=parse_speculative_flag(self.speculative) if self.speculative else None,
+            async_scheduling=self.async_scheduling,
         )
 
 
