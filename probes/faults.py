@@ -19,6 +19,10 @@ happened. The points, and where their time lands in the lifecycle:
 - `draft_delay_ms`: inside each call for speculative drafts (the `draft` phase) — a slow
   proposer, its time where a slow draft model's or n-gram lookup's would be. Applied by
   wrapping the engine's proposer (`slow_proposer`), not at a hook.
+- `scheduler_work_ms`: inside each call of the engine's scheduler, by wrapping it
+  (`slow_scheduler`) — a slow scheduler whose time moves with the scheduler: the
+  `schedule` phase, or `schedule_ahead` (overlapped with the forward) under
+  --async-scheduling, where `schedule_delay_ms` (a hook at the step's start) would not.
 
 - `slow_rank` (tensor parallelism): one rank made slower from outside its process, so
   the others wait for it in every collective — `slow_rank_neighbours` processes spinning
@@ -59,7 +63,7 @@ from ..errors import ConfigError
 
 # The faults that spend time at an engine hook (FaultObserver); the rest act from outside.
 _HOOK_FAULTS = ("input_delay_ms", "input_delay_per_token_us", "schedule_delay_ms", "step_gap_ms",
-                "draft_delay_ms")  # fmt: skip
+                "draft_delay_ms", "scheduler_work_ms")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class FaultOptions:
     schedule_delay_ms: float = 0.0
     step_gap_ms: float = 0.0
     draft_delay_ms: float = 0.0
+    scheduler_work_ms: float = 0.0
     restore_delay_us: float = 0.0  # per block restored from the host tier
     busy: bool = False
     slow_rank: int | None = None
@@ -121,6 +126,18 @@ class FaultOptions:
         if self.restore_delay_us > 0 and tier is not None:
             seconds, busy = self.restore_delay_us * 1e-6, self.busy
             tier.slow_restore = lambda blocks: spend(blocks * seconds, busy)
+
+    def slow_scheduler(self, engine) -> None:
+        """With `scheduler_work_ms`: the engine's scheduler spends it in every call."""
+        if self.scheduler_work_ms <= 0:
+            return
+        inner, seconds, busy = engine.scheduler.schedule, self.scheduler_work_ms * 1e-3, self.busy
+
+        def schedule(now_ns):
+            spend(seconds, busy)
+            return inner(now_ns)
+
+        engine.scheduler.schedule = schedule
 
     def wrap(self, observer: EngineObserver) -> EngineObserver:
         """The observer to give the engine: `observer` itself when no fault is set."""

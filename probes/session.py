@@ -127,6 +127,7 @@ def record_run(
         if faults is not None:
             faults.slow_proposer(engine)
             faults.slow_restore(engine)
+            faults.slow_scheduler(engine)
         sink = engine.observer
         if dp > 1:  # a recorder per replica, step ids unique across them
             sink = attach(replicas, lambda i: RunRecorder(

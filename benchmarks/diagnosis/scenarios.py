@@ -567,6 +567,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         workload=dict(seed=5),
         variant_of="spec-k-far",
     ),
+    # Overlapped scheduling (issue 39): a scheduler spinning 3 ms in every call (the
+    # scheduler_work_ms fault wraps the scheduler, so its time moves with it) and overlap
+    # off. host-bound names the cost; overlap-off names the knob and what it predicts:
+    # on this CPU nothing (the forward holds the thread), on CUDA up to the forward's time.
+    Scenario(
+        "sched-no-overlap",
+        "a CPU-bound scheduler (3 ms spin per call) with overlapped scheduling off",
+        "host-bound",
+        faults=FaultOptions(scheduler_work_ms=3.0, busy=True),
+        workload=dict(arrival=_closed(8), seed=8),
+    ),
     # The prefix cache's host tier (issue 39): a device pool smaller than the hot prefixes,
     # so they are offloaded and restored, each restore made slow for real (the
     # restore_delay_us fault spends its time inside the copy): short prefixes come back
