@@ -31,6 +31,8 @@ FLAGS = {
     ("engine", "kv_dtype"): "--kv-dtype",
     ("engine", "async_scheduling"): "--async-scheduling",
     ("engine", "kv_offload_mb"): "--kv-offload-mb",
+    ("engine", "pp_microbatches"): "--pp-microbatches",
+    ("engine", "pp_layers"): "--pp-layers",
     ("workload", "concurrency"): "--concurrency",
     ("workload", "rate"): "--rate",
     # A server perfdiag launched (`perfdiag run --launch`): its own flags (vLLM's names),

@@ -179,6 +179,6 @@ def _finding_changes(c) -> None:
     for f in c.triage.findings:
         if f.step >= 6 and f.severity != "info":
             out.print(f"{severity(f.severity)} step {f.step}: {escape(f.title)}", highlight=False)
-        elif f.check == "tp-scaling":  # why a change of TP degree helped or not: the numbers
+        elif f.check in ("tp-scaling", "pp-scaling"):  # why a layout change helped or not
             out.print(f"[bold]scaling (step 4)[/]: {escape(f.title)}\n{escape(f.explanation)}",
                       highlight=False)  # fmt: skip

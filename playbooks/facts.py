@@ -110,6 +110,7 @@ def load_registry() -> dict[str, FactSpec]:
         facts_offload,
         facts_overlap,
         facts_parallel,
+        facts_pipeline,
         facts_replicas,
         facts_resources,
         facts_scheduling,

@@ -91,7 +91,7 @@ def test_pp_run_records_every_stage(cli, tmp_path):
     from perfdiag import load_run
 
     out = tmp_path / "run"
-    args = ("--preset", "tiny", "-n", "6", "--concurrency", "6", "--prompt-len", "12",
+    args = ("--preset", "tiny", "-n", "6", "--closed", "--concurrency", "6", "--prompt-len", "12",
             "--output-len", "4", "--no-device-sampling")  # fmt: skip
     result = cli("run", *args, "--pp", "2", "--pp-microbatches", "3", "--out", out)
     assert result.returncode == 0, result.stderr
