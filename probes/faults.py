@@ -186,6 +186,9 @@ class FaultObserver(EngineObserver):
     def on_kv_offload(self, restores, counts) -> None:  # likewise
         self.inner.on_kv_offload(restores, counts)
 
+    def on_pipeline_stages(self, events) -> None:  # likewise
+        self.inner.on_pipeline_stages(events)
+
     def on_step(self, event: StepEvent) -> None:
         self.inner.on_step(event)
         spend(self.faults.step_gap_ms * 1e-3, self.faults.busy)

@@ -112,3 +112,19 @@ def test_bad_pp_flags_are_one_line_errors(cli, tmp_path):
                        (["--pp", "2", "--tp", "2"], "--pp with --tp")):  # fmt: skip
         r = cli("run", "--preset", "tiny", "-n", "1", *flags, "--out", tmp_path / "x")
         assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_fault_wrapper_passes_the_stage_records_on():
+    """Runs with injected faults wrap the recorder: the stage records must reach it."""
+    from perfdiag.engine_ref.hooks import EngineObserver, StageEvent
+    from perfdiag.probes.faults import FaultObserver, FaultOptions
+
+    got = []
+
+    class Inner(EngineObserver):
+        def on_pipeline_stages(self, events) -> None:
+            got.extend(events)
+
+    e = StageEvent(1, 0, 0, "compute", 1, 2)
+    FaultObserver(Inner(), FaultOptions(step_gap_ms=1.0)).on_pipeline_stages([e])
+    assert got == [e]
