@@ -124,6 +124,11 @@ def _tp(run) -> int:
     return int(par.get("tensor_parallel_size") or 1)
 
 
+def _pp(run) -> int:
+    par = (run.manifest.config or {}).get("parallel") or {}
+    return int(par.get("pipeline_parallel_size") or 1)
+
+
 def _per_token(ctx: TriageContext) -> tuple[float, float, int]:
     """(step ms per computed token, collective ms per computed token, steps) of rank 0."""
     st = ctx.run.steps
@@ -148,6 +153,8 @@ def tp_scaling(ctx: TriageContext) -> Fact | Unavailable:
     if ctx.baseline is None:
         return Unavailable("needs a baseline run at another tensor-parallel degree")
     tp_a, tp_b = _tp(ctx.baseline.run), _tp(ctx.run)
+    if _pp(ctx.run) > 1 or _pp(ctx.baseline.run) > 1:
+        return Unavailable("a run is pipeline-parallel: pp-scaling compares the layouts")
     if tp_a == tp_b:
         return Unavailable(f"both runs have tensor parallelism {tp_a}")
     if not len(ctx.run.steps) or not len(ctx.baseline.run.steps):

@@ -70,3 +70,14 @@ def test_pp_run_triage_puts_bubbles_first(cli, tmp_path):
     assert pp[0].action is not None
     scaling = next(o for s in triage.steps for o in s.checks if o.check == "pp-scaling")
     assert scaling.status == "not-evaluated"
+
+
+def test_tp_scaling_leaves_a_pipeline_run_to_pp_scaling():
+    """A PP 2 run against a TP 2 baseline is not 'tensor parallelism 2 → 1'."""
+    from perfdiag.playbooks.facts_parallel import tp_scaling
+
+    pp_run = _run(_gpipe(2, 2, [10, 10]), 2, 2)
+    tp_run = _run([], 2, 2)
+    tp_run.manifest.config = {"parallel": {"tensor_parallel_size": 2}}
+    got = tp_scaling(_ctx(pp_run, baseline=_ctx(tp_run)))
+    assert isinstance(got, Unavailable) and "pp-scaling" in got.reason
