@@ -384,6 +384,7 @@ class EngineConfig:
         if self.tensor_parallel_size != 1:
             self._check_tensor_parallel()
             _require(self.speculative is None, "speculative decoding runs without --tp for now")
+            _require(not self.cache.kv_offload_bytes, "--kv-offload-mb runs without --tp for now")
         if self.async_scheduling:
             _require(self.speculative is None, "--async-scheduling does not combine with "
                      "--speculative yet (drafting needs the step's sampled tokens)")

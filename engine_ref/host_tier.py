@@ -134,8 +134,9 @@ def make_host_tier(config, kv_cache: KVCache) -> HostTier | None:
     cc = config.cache
     if not cc.kv_offload_bytes or not cc.enable_prefix_caching:
         return None
-    if config.tensor_parallel_size > 1:
-        raise ConfigError("--kv-offload-mb is not supported with --tp > 1 yet")
+    if config.tensor_parallel_size > 1 or getattr(config, "pipeline_parallel_size", 1) > 1:
+        # The copies would have to run on every rank, each holding part of the KV.
+        raise ConfigError("--kv-offload-mb runs without --tp / --pp for now")
     per_block = bytes_per_block(config.model, cc.block_size, config.dtype, cc.kv_dtype)
     n = cc.kv_offload_bytes // per_block
     if n < 1:
