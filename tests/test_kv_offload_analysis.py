@@ -30,24 +30,37 @@ def offload_run(restores, offloaded=0, evicted_unused=0, mb=4.0, device_tokens=1
     rows = []
     for i, (tokens, us) in enumerate(restores):
         ts, rid = i * 1_000_000, f"r{i}"
-        rows += [("kv_hit_device_tokens", ts, float(device_tokens), rid),
-                 ("kv_hit_host_tokens", ts, float(tokens), rid),
-                 ("kv_restore_bytes", ts, tokens * 1024.0, rid),
-                 ("kv_restore_ns", ts, us * US, rid)]  # fmt: skip
+        rows += [
+            ("kv_hit_device_tokens", ts, float(device_tokens), rid),
+            ("kv_hit_host_tokens", ts, float(tokens), rid),
+            ("kv_restore_bytes", ts, tokens * 1024.0, rid),
+            ("kv_restore_ns", ts, us * US, rid),
+        ]
     if offloaded:
-        rows += [("kv_offload_blocks", 0, float(offloaded), "host"),
-                 ("kv_offload_ns", 0, offloaded * 20.0 * US, "host"),
-                 ("kv_offload_evicted_unused", 0, float(evicted_unused), "host"),
-                 ("kv_offload_blocks_used", 0, 64.0, "host")]  # fmt: skip
+        rows += [
+            ("kv_offload_blocks", 0, float(offloaded), "host"),
+            ("kv_offload_ns", 0, offloaded * 20.0 * US, "host"),
+            ("kv_offload_evicted_unused", 0, float(evicted_unused), "host"),
+            ("kv_offload_blocks_used", 0, 64.0, "host"),
+        ]
     counters = pd.DataFrame(rows, columns=["name", "ts_ns", "value", "scope"])
     config = {"run_options": {"engine": {"kv_offload_mb": mb}}}
     return SimpleNamespace(counters=counters, manifest=SimpleNamespace(config=config))
 
 
 def ctx_of(run, price=PRICE, cache=None) -> TriageContext:
-    cost = SimpleNamespace(prefill_token_cost_s=price, priced_by="the additive model")
-    serving = SimpleNamespace(step_cost=cost, metrics=Missing("metrics", ("test",)),
-                              cache=cache if cache is not None else Missing("cache", ("t",)))  # fmt: skip
+    cost = SimpleNamespace(
+        prefill_token_cost_s=price,
+        per_prefill_token_s=price,
+        trusted=math.isfinite(price),
+        chosen="additive",
+        priced_by="the additive model",
+    )
+    serving = SimpleNamespace(
+        step_cost=cost,
+        metrics=Missing("metrics", ("test",)),
+        cache=cache if cache is not None else Missing("cache", ("t",)),
+    )
     run.manifest.run_id, run.path = "t", "t"
     return TriageContext(run, serving)
 
@@ -74,8 +87,9 @@ def test_cheap_restores_raise_nothing():
 
 def test_no_price_no_verdict():
     run = offload_run([(16, 100.0)] * 3)
-    assert isinstance(evaluate_fact("offload_restore_slower", ctx_of(run, math.nan), {}),
-                      Unavailable)  # fmt: skip
+    assert isinstance(
+        evaluate_fact("offload_restore_slower", ctx_of(run, math.nan), {}), Unavailable
+    )
 
 
 def test_break_even_arithmetic():
@@ -110,12 +124,17 @@ def test_a_run_without_a_host_tier_is_not_evaluated():
 
 def test_cache_hits_split_by_tier_with_time_saved_per_tier():
     # The scheduler's record counts host restores among the admission hits.
-    cache = CacheAnalysis(prompt_tokens=1000, first_admission_hit_tokens=400, hit_rate=0.4,
-                          requests_with_hits=10, recompute_hit_tokens=0,
-                          tiers=(TierHits("device", 400, 10, 400 * PRICE),
-                                 TierHits("swap", 0, 0, 0.0)),
-                          saved_s=400 * PRICE, saved_share=0.1,
-                          cost_per_prefill_token_s=PRICE)  # fmt: skip
+    cache = CacheAnalysis(
+        prompt_tokens=1000,
+        first_admission_hit_tokens=400,
+        hit_rate=0.4,
+        requests_with_hits=10,
+        recompute_hit_tokens=0,
+        tiers=(TierHits("device", 400, 10, 400 * PRICE), TierHits("swap", 0, 0, 0.0)),
+        saved_s=400 * PRICE,
+        saved_share=0.1,
+        cost_per_prefill_token_s=PRICE,
+    )
     run = offload_run([(32, 10.0)] * 5, device_tokens=48)  # 160 host tokens, 50 µs restores
     f = finding(ctx_of(run, cache=cache), "cache-hits")
     ev = {e.name: e.value for e in f.evidence}
@@ -126,15 +145,30 @@ def test_cache_hits_split_by_tier_with_time_saved_per_tier():
 
 
 def test_a_run_without_a_host_tier_keeps_the_old_cache_hits_title():
-    cache = CacheAnalysis(1000, 400, 0.4, 10, 0, (TierHits("device", 400, 10, 0.0008),
-                          TierHits("swap", 0, 0, 0.0)), 0.0008, 0.1, PRICE)  # fmt: skip
+    cache = CacheAnalysis(
+        1000,
+        400,
+        0.4,
+        10,
+        0,
+        (TierHits("device", 400, 10, 0.0008), TierHits("swap", 0, 0, 0.0)),
+        0.0008,
+        0.1,
+        PRICE,
+    )
     f = finding(ctx_of(offload_run([]), cache=cache), "cache-hits")
     assert "device 400 (1 ms saved), swap 0 tokens" in f.title and "host" not in f.title
 
 
 def test_vllm_offload_counters_give_the_restore_figures():
-    sm = SimpleNamespace(counters={"external_prefix_hits": 1000.0, "offload_load_s": 0.004,
-                                   "offload_load_bytes": 2**20, "prefix_hits": 500.0})  # fmt: skip
+    sm = SimpleNamespace(
+        counters={
+            "external_prefix_hits": 1000.0,
+            "offload_load_s": 0.004,
+            "offload_load_bytes": 2**20,
+            "prefix_hits": 500.0,
+        }
+    )
     s = ko.from_server(sm, PRICE)
     assert s.host_tokens == 1000 and s.restore_s == 0.004 and s.recompute_s == pytest.approx(2e-3)
     assert math.isinf(s.break_even_tokens)  # 4 µs a restored token against 2 µs recomputed
@@ -146,5 +180,7 @@ def test_vllm_names_map_to_the_offload_concepts():
 
     assert COUNTERS["external_prefix_hits"][0][0] == "vllm:external_prefix_cache_hits_total"
     assert COUNTERS["offload_load_s"][0][0] == "vllm:kv_offload_load_time_total"
-    assert COUNTERS["offload_load_s"][1] == ("vllm:kv_offload_total_time_total",
-                                             {"transfer_type": "CPU_to_GPU"})  # fmt: skip
+    assert COUNTERS["offload_load_s"][1] == (
+        "vllm:kv_offload_total_time_total",
+        {"transfer_type": "CPU_to_GPU"},
+    )
