@@ -82,6 +82,8 @@ FACT_MEASURES: dict[str, Measure] = {
     # step 5
     "prefix_reuse_missed": Measure("prompt tokens recomputed that the cache could serve", "%"),
     "cache_hits": Measure("prompt tokens served by the prefix cache", "%"),
+    "offload_restore_slower": Measure("host-tier restore time recomputing would have saved", "%"),
+    "offload_thrash": Measure("blocks written to the host tier and evicted unused", "%"),
     # steps 6 and 7
     "changed_variables": Measure("main variables changed"),
     "failure_rate": Measure("requests failed", "%"),
