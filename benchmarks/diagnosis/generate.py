@@ -214,9 +214,9 @@ NOT_DRAWN = {
     "itl-prefill-interference": "its rule as modelled (a slice stretching the decode gap by "
     "≥ 25 %) is crossed by any chunk over ~8 tokens on tiny: every healthy base",
     "collective-wait, expert-imbalance": "tensor/expert-parallel ranks: too slow for 2 cores",
-    "offload-restore-slower": "its model needs a recompute price per prompt token, and the "
-    "calibration's step cost fit prices tiny's at ~0 (its fixed step cost dominates): every "
-    "restore would read as slower, so no draw could sit below the threshold",
+    "offload-restore-slower": "its model needs a recompute price per prompt token; the step "
+    "cost fits of the tiny runs tried priced one at 0 (the fixed step cost dominates), so "
+    "every restore reads as slower and no draw could sit below the threshold",
 }
 
 
