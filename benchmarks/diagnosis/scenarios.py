@@ -159,7 +159,8 @@ _SPEC_WORKLOAD = dict(arrival=_closed(4), prompt_len=_len("uniform:8:32"),
                       output_len=_len("uniform:32:64"))  # fmt: skip
 
 # The host tier's scenarios: many short shared prefixes (their hot set is larger than the
-# device pool), short suffixes and outputs, so admissions and their restores dominate.
+# device pool), 16-48 tokens of each request's own (enough prefill for the step cost model
+# to price a prompt token), short outputs, so admissions and their restores dominate.
 _OFFLOAD_WORKLOAD = dict(shared_prefix=PrefixSpec(16, 24, 0.5), prompt_len=_len("uniform:16:48"),
                          output_len=_len("uniform:2:6"))  # fmt: skip
 
