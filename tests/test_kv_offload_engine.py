@@ -238,3 +238,25 @@ def test_the_restore_delay_fault_slows_restores_inside_their_timing():
         assert restores
         times[delay] = min(r.restore_ns / (r.host_tokens // BLOCK) for r in restores)
     assert times[2000.0] >= 2_000_000 > times[0.0]
+
+
+def test_swap_preemption_beside_the_host_tier_is_identical():
+    """Swap mode keeps its own CPU tier; its swap-ins may offload evicted prefix blocks."""
+    rng = random.Random(5)
+    items = [
+        WorkItem(
+            [BOS] + [rng.randrange(256) for _ in range(40)],
+            SamplingParams(temperature=0.0, max_tokens=40),
+        )
+        for _ in range(8)
+    ]
+    sched = SchedulerConfig(max_num_batched_tokens=64, chunk_size=16, preemption_mode="swap")
+    res = {}
+    for n in (0, 200):
+        cache = CacheConfig(block_size=BLOCK, num_gpu_blocks=30, check_ownership=True,
+                            kv_offload_bytes=n * TINY_BLOCK_BYTES)  # fmt: skip
+        obs = Offloads()
+        eng = LLMEngine(tiny_config(cache, sched), obs)
+        res[n] = run(eng, items)
+        assert eng.is_drained() and obs.preempted
+    assert res[200].tokens == res[0].tokens
