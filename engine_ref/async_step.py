@@ -35,6 +35,7 @@ import torch
 
 from .hooks import NO_STEP, PhaseEvent, RequestEvent, RequestEventKind, StepBegin, StepEvent
 from .hooks import StepPhase as P
+from .host_tier import report_host_tier
 from .model_runner import ModelInput
 from .request import Request, RequestStatus
 from .scheduler import SchedulerOutput
@@ -76,6 +77,7 @@ class OverlappedSteps:
                 obs.on_step_begin(StepBegin(step_id, t0))
             if ahead is None:  # the first step, or after an idle engine: nothing overlapped
                 sched = self.scheduler.schedule(t0)
+                report_host_tier(obs, self.block_manager.host_tier)  # --kv-offload-mb's records
                 if not sched.scheduled:
                     raise RuntimeError("engine_ref scheduler made no progress (a bug)")
                 t1 = time.monotonic_ns()
@@ -168,6 +170,7 @@ class OverlappedSteps:
             if not self.scheduler.has_work():
                 return None
             sched = self.scheduler.schedule(t0)
+            report_host_tier(obs, self.block_manager.host_tier)
             t1 = time.monotonic_ns()
             if obs is not None:
                 obs.on_phase(PhaseEvent(next_id - 1, P.SCHEDULE_AHEAD, t0, t1))

@@ -388,8 +388,8 @@ class EngineConfig:
         if self.async_scheduling:
             _require(self.speculative is None, "--async-scheduling does not combine with "
                      "--speculative yet (drafting needs the step's sampled tokens)")
-            _require(self.tensor_parallel_size == 1,
-                     "--async-scheduling runs without --tp for now")  # fmt: skip
+            _require(self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1,
+                     "--async-scheduling runs without --tp or --pp for now")  # fmt: skip
         object.__setattr__(self, "expert_placement", tuple(int(r) for r in self.expert_placement))
         object.__setattr__(self, "pipeline_layers", tuple(int(n) for n in self.pipeline_layers))
         if self.pipeline_parallel_size != 1 or self.pipeline_layers:

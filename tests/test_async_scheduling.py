@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from perfdiag.engine_ref import LLMEngine, RecordingObserver, SamplingParams
+from perfdiag.engine_ref import CacheConfig, LLMEngine, RecordingObserver, SamplingParams
 from perfdiag.engine_ref import RequestEventKind as K
 from perfdiag.engine_ref.hooks import StepPhase
 from perfdiag.engine_ref.testing import run, tiny_config, workload
@@ -134,3 +134,22 @@ def test_refuses_speculative_and_tp_in_one_line():
     cfg = tiny_config(max_model_len=MAX_LEN)
     with pytest.raises(ConfigError, match="--async-scheduling does not combine"):
         replace(cfg, async_scheduling=True, speculative=parse_speculative("ngram:4"))
+
+
+def test_refuses_pipeline_parallelism_in_one_line():
+    cfg = tiny_config(max_model_len=MAX_LEN)
+    with pytest.raises(ConfigError, match="without --tp or --pp"):
+        replace(cfg, async_scheduling=True, pipeline_parallel_size=2)
+
+
+def test_overlapped_equals_plain_with_the_host_prefix_tier():
+    """Prefix blocks evicted to the host tier and restored on later hits (--kv-offload-mb):
+    the look-ahead's admissions restore them too, and outputs stay the plain engine's."""
+    cache = CacheConfig(block_size=4, num_gpu_blocks=40, watermark=0.0, check_ownership=True,
+                        kv_offload_bytes=4 << 20)  # fmt: skip
+    cfg = tiny_config(max_model_len=MAX_LEN, cache=cache)
+    plain = run(LLMEngine(cfg), ITEMS, per_step=2)
+    engine = LLMEngine(replace(cfg, async_scheduling=True))
+    overlapped = run(engine, ITEMS, per_step=2)
+    assert overlapped.tokens == plain.tokens
+    assert engine.block_manager.host_tier.total_restored > 0
