@@ -59,6 +59,7 @@ FACT_MEASURES: dict[str, Measure] = {
     "host_contention": Measure("step time lost to other processes", "%"),
     "step_inflation": Measure("step time beyond the step cost model", "%"),
     "host_share": Measure("engine busy time on the host", "%"),
+    "overlap_off": Measure("step time scheduling and preparing in line", "%"),
     "preemption_rate": Measure("preemptions per request"),
     "kv_full_share": Measure("steps waiting on a full KV pool", "%"),
     "server_kv_pressure": Measure("preemptions per request (the server's counter)"),
