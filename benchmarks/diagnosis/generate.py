@@ -217,6 +217,9 @@ NOT_DRAWN = {
     "offload-restore-slower": "its model needs a recompute price per prompt token; the step "
     "cost fits of the tiny runs tried priced one at 0 (the fixed step cost dominates), so "
     "every restore reads as slower and no draw could sit below the threshold",
+    "overlap-off": "on these CPUs it can never be the top finding: a host cost large enough to "
+    "fire it fires host-bound too, and overlap-off ranks by the gain it predicts here (0: the "
+    "forward holds the thread); the hand-written sched-no-overlap scenario covers it",
 }
 
 
