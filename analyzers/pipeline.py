@@ -17,16 +17,25 @@ Definitions (per step, then summed over steps):
   is Σ transfer / (p · W);
 - imbalance: a stage's compute against the mean stage's (`imbalance` = max / mean − 1).
 
-Advice (for playbooks/facts_pipeline.py): the micro-batch count that brings the expected
-bubble under a target and its predicted forward time (compute per stage held constant: W
-scales with (m + p − 1)/m); the layer move that best evens the stages (each stage's
-per-layer cost measured as its compute / its layers) and its predicted forward time.
+Advice (for playbooks/facts_pipeline.py): the micro-batch count with the shortest predicted
+pipelined time over the run's own steps. Each step's requests (decodes of 1 token, its
+prefill tokens shared among its prefills, from the steps table) are cut into m
+micro-batches of whole requests as the engine cuts them; a micro-batch of n tokens costs
+the slowest stage c(n) = max(a, b·n) — at least a (its small micro-batches' median:
+reading the stage's weights, per-call overheads), b per token once its tokens outweigh
+that (its large micro-batches' median per token: a roofline's two regimes) — and the
+step takes Σ c + (p − 1)·max c + p·h (GPipe with equal stages; h the median exposed
+transfer per hop). More micro-batches shrink the fill and drain but, once a micro-batch
+drops to the floor a or one request fills it, only add floors and hops. The layer move
+that best evens the stages (each stage's per-layer cost measured as its compute / its
+layers) and its predicted forward time.
 
 Pure pandas over a run; no torch.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import NamedTuple
 
@@ -52,6 +61,11 @@ class PipelineSummary(NamedTuple):
     slowest_stage: int
     per_stage: pd.DataFrame  # STAGE_COLUMNS
     median_requests: float  # requests per step (the most micro-batches a step can hold)
+    mb_fixed_ns: float = 0.0  # a: the slowest stage's floor per micro-batch
+    ns_per_token: float = 0.0  # b: its time per token above the floor
+    hop_ns: float = 0.0  # h: median exposed transfer of one hop
+    tokens_per_step: float = 0.0  # T (median)
+    step_requests: tuple = ()  # per step, each request's tokens (from the steps table)
 
 
 def pipeline_spans(run) -> pd.DataFrame:
@@ -158,6 +172,8 @@ def summarize(run) -> PipelineSummary | None:
     )  # fmt: skip
     slowest = int(by_stage.to_numpy().argmax())
     reqs = comp[(comp["stage"] == 0).to_numpy()].groupby("step_id")["microbatch"].count()
+    a, b = _microbatch_cost(comp[(comp["stage"] == slowest).to_numpy()])
+    tokens = comp[(comp["stage"] == 0).to_numpy()].groupby("step_id")["tokens"].sum()
     return PipelineSummary(
         stages=p,
         microbatches=m,
@@ -171,7 +187,74 @@ def summarize(run) -> PipelineSummary | None:
         slowest_stage=slowest,
         per_stage=per,
         median_requests=float(_requests_per_step(run, reqs)),
+        mb_fixed_ns=a,
+        ns_per_token=b,
+        hop_ns=float(rx["transfer_ns"].median()) if len(rx) else 0.0,
+        tokens_per_step=float(tokens.median()) if len(tokens) else 0.0,
+        step_requests=_step_requests(run, tokens),
     )
+
+
+def _step_requests(run, tokens: pd.Series) -> tuple:
+    """Each step's requests as token counts: its decodes 1 each, its prefill tokens shared
+    evenly among its prefills (the steps table); without one, each step as one request."""
+    st = run.steps
+    cols = {"num_prefill_seqs", "num_prefill_tokens", "num_decode_seqs"}
+    if not len(st) or not cols <= set(st.columns):
+        return tuple((int(t),) for t in tokens)
+    out = []
+    for np_, pt, nd in zip(st["num_prefill_seqs"], st["num_prefill_tokens"],
+                           st["num_decode_seqs"], strict=True):  # fmt: skip
+        np_, pt, nd = int(np_), int(pt), int(nd)
+        pre = [pt // np_ + (i < pt % np_) for i in range(np_)] if np_ else []
+        out.append(tuple([1] * nd + pre))
+    return tuple(out)
+
+
+def split_sizes(sizes: tuple, m: int) -> list[int]:
+    """Tokens per micro-batch when requests of `sizes` tokens are cut into at most m runs
+    of whole requests where the cumulative tokens cross k/m of the total (the engine's
+    pipeline_split.split_plan rule)."""
+    m = max(1, min(m, len(sizes)))
+    total = sum(sizes)
+    cuts, seen, k = [0], 0, 1
+    for i, n in enumerate(sizes):
+        if k < m and i > cuts[-1] and (seen * m >= k * total or len(sizes) - i == m - k):
+            cuts.append(i)
+            k += 1
+        seen += n
+    cuts.append(len(sizes))
+    return [sum(sizes[a:b]) for a, b in itertools.pairwise(cuts)]
+
+
+# A micro-batch of at most this many tokens shows the floor; of at least LARGE, the slope.
+SMALL_TOKENS, LARGE_TOKENS = 8, 64
+
+
+def _microbatch_cost(comp: pd.DataFrame) -> tuple[float, float]:
+    """(floor ns per micro-batch, ns per token above it) of one stage, from its compute
+    spans: the floor is its small micro-batches' median time (0 without any), the slope its
+    large ones' median time per token (without any, all its time per token)."""
+    x = comp["tokens"].to_numpy(np.float64)
+    y = (comp["end_ns"] - comp["start_ns"]).to_numpy(np.float64)
+    if not len(x) or x.mean() <= 0:
+        return 0.0, 0.0
+    small, large = x <= SMALL_TOKENS, x >= LARGE_TOKENS
+    a = float(np.median(y[small])) if small.any() else 0.0
+    b = float(np.median(y[large] / x[large])) if large.any() else float(y.sum() / x.sum())
+    return a, b
+
+
+def predicted_window(s: PipelineSummary, m: int) -> float:
+    """The pipelined time of the run's steps cut into m micro-batches (the module's
+    docstring has the model)."""
+    total = 0.0
+    for sizes in s.step_requests:
+        if not sizes:
+            continue
+        c = [max(s.mb_fixed_ns, s.ns_per_token * n) for n in split_sizes(sizes, m)]
+        total += sum(c) + (s.stages - 1) * max(c) + s.stages * s.hop_ns
+    return total
 
 
 def _requests_per_step(run, fallback: pd.Series) -> float:
@@ -184,18 +267,24 @@ def _requests_per_step(run, fallback: pd.Series) -> float:
 class MicrobatchAdvice(NamedTuple):
     microbatches: int
     expected_bubble: float
-    forward_ratio: float  # predicted window / measured (ideal model: compute per stage kept)
+    forward_ratio: float  # predicted window then / at the run's micro-batches
 
 
-def microbatch_advice(s: PipelineSummary, target: float = 0.2) -> MicrobatchAdvice:
-    """The fewest micro-batches whose expected bubble is at most `target`, no more than a
-    step's requests (a micro-batch holds whole requests), and what it predicts."""
-    p = s.stages
+# Of micro-batch counts predicted within this of the shortest window, the fewest is advised.
+_WITHIN = 0.05
+
+
+def microbatch_advice(s: PipelineSummary) -> MicrobatchAdvice:
+    """The fewest micro-batches (no more than a step's requests: a micro-batch holds whole
+    requests) whose predicted window is within 5 % of the shortest, and what it predicts."""
     cap = max(int(s.median_requests), 1)
-    want = int(np.ceil((p - 1) * (1 - target) / target)) if target > 0 else cap
-    m_new = max(1, min(want, cap))
-    old, new = expected_bubble(p, s.microbatches), expected_bubble(p, m_new)
-    return MicrobatchAdvice(m_new, new, (1 - old) / (1 - new) if new < 1 else 1.0)
+    now = max(round(s.microbatches), 1)
+    w = {m: predicted_window(s, m) for m in range(1, max(cap, now) + 1)}
+    if w[now] <= 0:
+        return MicrobatchAdvice(now, expected_bubble(s.stages, now), 1.0)
+    best = min(w[m] for m in range(1, cap + 1))
+    m_new = min(m for m in range(1, cap + 1) if w[m] <= best * (1 + _WITHIN))
+    return MicrobatchAdvice(m_new, expected_bubble(s.stages, m_new), w[m_new] / w[now])
 
 
 class LayerMove(NamedTuple):

@@ -37,25 +37,35 @@ def _common(s) -> tuple:
 def pp_bubbles(ctx: TriageContext) -> Fact | Unavailable:
     """Share of the stages' time idle in the pipeline's fill and drain: the expected
     bubble (p−1)/(m+p−1) at the run's micro-batches per step (the measured bubble, which
-    adds imbalance and transfers, is evidence). The advice: the micro-batch count that
-    brings it under 20 %, capped by the requests a step holds."""
+    adds imbalance and transfers, is evidence). The advice: the micro-batch count with the
+    shortest predicted step window (analyzers/pipeline.py's cost model: fill and drain
+    against the fixed cost and the hop each micro-batch adds), capped by the requests a
+    step holds; info only when no count is predicted to pay."""
     s = _summary(ctx)
     if s is None:
         return Unavailable(_NONE)
     adv = pipeline.microbatch_advice(s)
-    helps = adv.microbatches > s.microbatches and adv.forward_ratio < 0.99
+    helps = adv.microbatches > s.microbatches and adv.forward_ratio < 0.98
+    cost = (f"a micro-batch costs the slowest stage at least {s.mb_fixed_ns / 1e6:.2f} ms, "
+            f"{s.ns_per_token / 1e3:.0f} µs per token above that, and {s.hop_ns / 1e6:.2f} ms "
+            f"per hop; {s.tokens_per_step:.0f} tokens per step")  # fmt: skip
     advice = ""
     if helps:
         advice = (f"Set --pp-microbatches {adv.microbatches} (now {s.microbatches_asked}; "
                   f"{s.microbatches:g} per step ran): fill and drain fall from "
-                  f"{s.expected_bubble:.0%} to {adv.expected_bubble:.0%} of the stages' time, "
+                  f"{s.expected_bubble:.0%} to {adv.expected_bubble:.0%} of the stages' time; "
                   f"predicted forward time per step ×{adv.forward_ratio:.2f} "
-                  f"({adv.forward_ratio - 1:+.0%}), the compute per stage unchanged.")  # fmt: skip
+                  f"({adv.forward_ratio - 1:+.0%}; {cost}).")  # fmt: skip
     elif s.microbatches >= s.median_requests:
         advice = (f"A step holds {s.median_requests:g} requests (median) and a micro-batch "
                   f"whole requests: more micro-batches need more requests in flight (a "
                   f"higher --concurrency or --max-seqs), or fewer stages (--pp "
                   f"{max(1, s.stages // 2)}).")  # fmt: skip
+    else:
+        advice = (f"More micro-batches are not predicted to pay here: {cost}, which more "
+                  f"micro-batches pay more often than the fill and drain they save; "
+                  f"fewer stages (--pp {max(1, s.stages // 2)}) or larger batches per "
+                  f"step.")  # fmt: skip
     evidence = (
         *_common(s),
         ev("advice", "advice", advice),
@@ -65,7 +75,7 @@ def pp_bubbles(ctx: TriageContext) -> Fact | Unavailable:
     )
     action = None
     if helps:
-        action = Action("run", "itl.p50", (Setting("engine.pp_microbatches",
+        action = Action("run", "e2e.p50", (Setting("engine.pp_microbatches",
                                                    s.microbatches_asked, adv.microbatches),),
                         expect=f"forward time per step ×{adv.forward_ratio:.2f}")  # fmt: skip
     return Fact(s.expected_bubble, evidence, impact=s.expected_bubble, action=action,
@@ -102,7 +112,7 @@ def pp_stage_imbalance(ctx: TriageContext) -> Fact | Unavailable:
                   f"{move.from_stage} to stage {move.to_stage}: --pp-layers {to} (now {now}); "
                   f"predicted slowest stage ×{move.forward_ratio:.2f} "
                   f"({move.forward_ratio - 1:+.0%} per micro-batch).")  # fmt: skip
-        action = Action("run", "itl.p50", (Setting("engine.pp_layers", now, to),),
+        action = Action("run", "e2e.p50", (Setting("engine.pp_layers", now, to),),
                         expect=f"slowest stage ×{move.forward_ratio:.2f}")  # fmt: skip
     evidence = (
         *_common(s),

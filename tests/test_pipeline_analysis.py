@@ -15,23 +15,31 @@ MS = 1_000_000
 
 
 def _run(events, p=2, m=2, layers=None, requests=4):
-    """A run holding pp_* spans: events are (kind, stage, step, microbatch, start, end, bytes)."""
+    """A run holding pp_* spans: events are (kind, stage, step, microbatch, start, end, bytes
+    [, tokens: 4 if not given])."""
     rows = [dict(name=f"pp_{k}", category="python" if k == "compute" else "comm",
                  start_ns=a * MS, dur_ns=(b - a) * MS, rank=s, step_id=st, bytes=nb or None,
-                 args=json.dumps({"group": "pp", "microbatch": mb, "tokens": 4}))
-            for k, s, st, mb, a, b, nb in events]  # fmt: skip
+                 args=json.dumps({"group": "pp", "microbatch": mb, "tokens": (*tok, 4)[0]}))
+            for k, s, st, mb, a, b, nb, *tok in events]  # fmt: skip
     par = {"pipeline_parallel_size": p, "pipeline_microbatches": m}
     if layers:
         par["stage_layers"] = layers
-    steps = pd.DataFrame({"num_prefill_seqs": [0], "num_decode_seqs": [requests]})
+    # each step: `requests` prefills sharing stage 0's tokens of it
+    per_step: dict[int, int] = {}
+    for k, s, st, _, _, _, _, *tok in events:
+        if k == "compute" and s == 0:
+            per_step[st] = per_step.get(st, 0) + (*tok, 4)[0]
+    steps = pd.DataFrame({"num_prefill_seqs": [requests] * len(per_step),
+                          "num_prefill_tokens": list(per_step.values()),
+                          "num_decode_seqs": [0] * len(per_step)})  # fmt: skip
     config = {"parallel": par, "engine_config": {"model": {"num_layers": 8}}}
     return SimpleNamespace(spans=pd.DataFrame(rows), steps=steps,
                            manifest=SimpleNamespace(config=config))  # fmt: skip
 
 
-def _gpipe(p, m, cost, link=0.0):
-    """One step of GPipe's forward: stage s computes micro-batch i in [t, t + cost[s]),
-    the send taking `link` ms before the next stage can start."""
+def _gpipe(p, m, cost, link=0.0, tokens=400):
+    """One step of GPipe's forward: stage s computes micro-batch i (of `tokens` tokens) in
+    [t, t + cost[s]), the send taking `link` ms before the next stage can start."""
     ev, ready = [], [0.0] * m
     for s in range(p):
         free = 0.0
@@ -45,7 +53,7 @@ def _gpipe(p, m, cost, link=0.0):
             ready[i], free = end + link, end
     for i in range(m):  # rank 0 takes the last stage's output
         ev.append(("recv_out", 0, 0, i, m * cost[0], ready[i], 16))
-    return ev
+    return [(*e, tokens) for e in ev]
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 1), (2, 4), (4, 4)])
@@ -81,10 +89,12 @@ def test_transfers_are_separated_from_waiting():
 
 def test_microbatch_advice_is_capped_by_the_requests():
     s = P.summarize(_run(_gpipe(4, 1, [10] * 4), 4, 1, requests=6))
-    adv = P.microbatch_advice(s, target=0.2)
-    assert adv.microbatches == 6  # 12 wanted for a 20 % bubble; a step holds 6 requests
+    adv = P.microbatch_advice(s)
+    # large micro-batches only (no floor seen): Σ c + 3·max c = 10 + 30·(largest share),
+    # shortest at the 6 requests (of 67, 67, 67, 67, 66, 66 tokens) a step holds
+    assert adv.microbatches == 6
     assert adv.expected_bubble == pytest.approx(3 / 9)
-    assert adv.forward_ratio == pytest.approx((1 - 0.75) / (1 - 3 / 9))
+    assert adv.forward_ratio == pytest.approx((10 + 30 * 67 / 400) / 40)
 
 
 def test_pp_run_records_every_stage(cli, tmp_path):

@@ -600,6 +600,28 @@ SCENARIOS: tuple[Scenario, ...] = (
         faults=FaultOptions(restore_delay_us=8000.0, busy=True),
         variant_of="offload-slow-restore",
     ),
+    # Pipeline parallelism (issue 39): two stages and one micro-batch per step, so each
+    # stage idles while the other computes: (p − 1)/(m + p − 1) = half the stages' time
+    # in fill and drain. Closed loops of long prompts keep several requests per step to
+    # split, and steps whose tokens, not a micro-batch's fixed cost, make their time (on
+    # short decode steps more micro-batches cost more than they save on this CPU).
+    Scenario(
+        "pp-few-microbatches",
+        "the small preset in 2 pipeline stages over 1 micro-batch per step, long prompts",
+        "pp-bubbles",
+        engine=dict(preset="small", kv_cache_mb=64.0, pp=2, pp_microbatches=1),
+        workload=dict(arrival=_closed(4), prompt_len=_len("uniform:256:384"),
+                      output_len=_len("2"), seed=9),
+    ),
+    Scenario(
+        "pp-few-microbatches-b",
+        "the same over 6 clients, longer prompts, another seed",
+        "pp-bubbles",
+        engine=dict(preset="small", kv_cache_mb=64.0, pp=2, pp_microbatches=1),
+        workload=dict(arrival=_closed(6), prompt_len=_len("uniform:320:480"),
+                      output_len=_len("2"), seed=3),
+        variant_of="pp-few-microbatches",
+    ),
 )
 
 
