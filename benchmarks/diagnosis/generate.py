@@ -220,6 +220,11 @@ NOT_DRAWN = {
     "overlap-off": "on these CPUs it can never be the top finding: a host cost large enough to "
     "fire it fires host-bound too, and overlap-off ranks by the gain it predicts here (0: the "
     "forward holds the thread); the hand-written sched-no-overlap scenario covers it",
+    "pp-bubbles, pp-stage-imbalance": "pp-bubbles warns only when more micro-batches are "
+    "predicted to pay, and the drawn bases (tiny, short prompts) keep every micro-batch at "
+    "its stage's floor, where none does (info); a stage imbalance needs --pp-layers on a "
+    "model whose layers split unevenly (small at least), and two stage processes on 2 cores; "
+    "the hand-written pp-few-microbatches scenarios cover pp-bubbles",
 }
 
 
