@@ -114,3 +114,25 @@ def test_tp_scaling_leaves_a_pipeline_run_to_pp_scaling():
     tp_run.manifest.config = {"parallel": {"tensor_parallel_size": 2}}
     got = tp_scaling(_ctx(pp_run, baseline=_ctx(tp_run)))
     assert isinstance(got, Unavailable) and "pp-scaling" in got.reason
+
+
+def test_an_uneven_split_names_the_layers_to_move(cli, tmp_path):
+    """small's 8 layers as 2 + 6: stage 1 is the slow one and the advice moves its first
+    layers to stage 0, towards 4 + 4."""
+    from perfdiag import load_run
+    from perfdiag.playbooks.evaluate import run_triage
+
+    out = tmp_path / "run"
+    args = ("--preset", "small", "--kv-cache-mb", "32", "-n", "8", "--closed",
+            "--concurrency", "4", "--prompt-len", "32", "--output-len", "8",
+            "--no-device-sampling")  # fmt: skip
+    result = cli("run", *args, "--pp", "2", "--pp-layers", "2,6", "--out", out)
+    assert result.returncode == 0, result.stderr
+    triage = run_triage(TriageContext(load_run(out)))
+    f = next(f for f in triage.findings if f.check == "pp-stage-imbalance")
+    assert f.severity in ("warning", "critical") and "Stage 1" in f.title
+    setting = f.action.settings[0]
+    assert setting.option == "engine.pp_layers" and setting.now == "2,6"
+    first, second = (int(n) for n in setting.to.split(","))
+    assert 3 <= first <= 5 and first + second == 8
+    assert f"Move layer{'s' if first > 3 else ''} 2" in f.recommendations[0]
