@@ -6,24 +6,13 @@ with the flag, ITL does not improve beyond noise here, as predicted."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from scenario_module import sc
 
 from perfdiag import load_run
 from perfdiag.analyzers.serving import analyze_serving
 from perfdiag.playbooks.facts import TriageContext
 from perfdiag.playbooks.verify import verify
-
-_path = Path(__file__).parents[1] / "benchmarks" / "diagnosis" / "scenarios.py"
-_spec = importlib.util.spec_from_file_location("diagnosis_scenarios", _path)
-sc = sys.modules.get(_spec.name)
-if sc is None:
-    sc = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = sc  # dataclasses look their module up while the class is built
-    _spec.loader.exec_module(sc)
 
 pytestmark = pytest.mark.slow
 

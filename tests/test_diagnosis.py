@@ -4,23 +4,15 @@ numbers than the suite uses, so the thresholds are not fitted to one configurati
 Faults are real (configuration, or hooks that spend time); nothing writes events."""
 
 import dataclasses
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from scenario_module import sc
 
 from perfdiag.engine_ref.hooks import RecordingObserver, RequestEvent, RequestEventKind, StepEvent
 from perfdiag.errors import ConfigError
 from perfdiag.probes.faults import FaultObserver, FaultOptions
 from perfdiag.probes.workload import ArrivalSpec, LengthSpec, PrefixSpec
-
-_path = Path(__file__).parents[1] / "benchmarks" / "diagnosis" / "scenarios.py"
-_spec = importlib.util.spec_from_file_location("diagnosis_scenarios", _path)
-sc = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = sc  # dataclasses look their module up while the class is built
-_spec.loader.exec_module(sc)
 
 VARIANTS = {
     # another rate, cap and output length than the suite's client-cap scenarios
