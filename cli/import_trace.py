@@ -79,6 +79,8 @@ def import_trace(
     if jobs is not None and jobs < 1:
         raise ConfigError("--jobs must be at least 1")
     traces = trace_files(traces)
+    if ray_address is not None and not ray_address.strip():
+        raise ConfigError("--ray-address is empty: give the cluster's HOST:PORT, or auto")
     use_ray = use_ray or ray_address is not None
     if not use_ray and parts_dir is not None:
         raise ConfigError("--parts-dir goes with --ray (or --ray-address)")

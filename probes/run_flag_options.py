@@ -95,9 +95,11 @@ def build_options(flags: dict):
         raise ConfigError("--server-profile needs --launch: perfdiag turns vLLM's profiler on "
                           "in the command it starts")  # fmt: skip
     clients, ray = g("clients"), g("ray")
+    if ray is not None and not ray.strip():
+        raise ConfigError("--ray-address is empty: give the cluster's HOST:PORT, or auto")
     if (clients is not None or ray is not None) and not g("target"):
-        raise ConfigError("--clients and --ray need --target URL: the clients drive a running "
-                          "server (a launched one is local to this machine)")  # fmt: skip
+        raise ConfigError("--clients and --ray-address need --target URL: the clients drive a "
+                          "running server (a launched one is local to this machine)")  # fmt: skip
     period = g("metrics_period")
     if period is not None and not (g("target") or g("launch") is not None):
         raise ConfigError("--metrics-period needs --target or --launch")

@@ -18,9 +18,11 @@ EXCERPT = Path(__file__).parent / "data" / "kineto_excerpt.json"
 
 VALUES = ["-1", "0", "1", "3", "nan", "inf", "-inf", "1e30", str(2**63), "abc", "", "1:2",
           "ttft=0.5", "0.5", "-0.0", "/nonexistent", "x" * 300]  # fmt: skip
-# Options that start something long by design (another run, a server, a network target)
-# or whose value is where output goes; their own checks have their own tests.
-SKIP = {"--out", "-o", "--target", "--verify-advice", "--verify-out", "--help", "--version"}
+# Options that start something long by design (another run, a server, a network target,
+# a Ray cluster) or whose value is where output goes; their own checks have their own tests
+# (the Ray options': tests/test_ray_import.py, tests/test_ray_load.py).
+SKIP = {"--out", "-o", "--target", "--verify-advice", "--verify-out", "--help", "--version",
+        "--ray", "--ray-address"}  # fmt: skip
 RUN_BASE = ["--preset", "tiny", "-n", "2", "--warmup", "0", "--output-len", "2",
             "--prompt-len", "4", "--no-device-sampling", "-q"]  # fmt: skip
 

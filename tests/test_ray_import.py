@@ -206,6 +206,7 @@ def test_bad_ray_options_are_one_line_errors(tmp_path):
             "nothing answers there",
         ),  # no minutes of retries
         (["--ray-address", "127.0.0.1:1"], "nothing answers there"),  # implies --ray
+        (["--ray-address", " "], "--ray-address is empty"),  # not a local cluster
         (["--parts-dir", str(tmp_path / "p")], "goes with --ray"),
         (["--ray", "--jobs", "2"], "--jobs does not apply with --ray"),
     ):

@@ -108,6 +108,8 @@ def test_clients_without_target_is_one_line(cli):
         done = cli("run", *args, "-n", "2")
         assert done.returncode == 1 and "need --target" in done.stderr
         assert "Traceback" not in done.stderr
+    done = cli("run", "--target", "http://127.0.0.1:9", "--ray-address", "", "-n", "2")
+    assert done.returncode == 1 and "--ray-address is empty" in done.stderr + done.stdout
     done = cli("run", "--target", "http://127.0.0.1:9", "--clients", "0", "-n", "2")
     assert done.returncode == 1 and "--clients must be >= 1" in done.stderr + done.stdout
 
