@@ -386,8 +386,11 @@ class EngineConfig:
             _require(self.speculative is None, "speculative decoding runs without --tp for now")
             _require(not self.cache.kv_offload_bytes, "--kv-offload-mb runs without --tp for now")
         if self.async_scheduling:
-            _require(self.speculative is None, "--async-scheduling does not combine with "
-                     "--speculative yet (drafting needs the step's sampled tokens)")
+            _require(
+                self.speculative is None,
+                "--async-scheduling does not combine with "
+                "--speculative yet (drafting needs the step's sampled tokens)",
+            )
             _require(self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1,
                      "--async-scheduling runs without --tp or --pp for now")  # fmt: skip
         object.__setattr__(self, "expert_placement", tuple(int(r) for r in self.expert_placement))

@@ -5,7 +5,7 @@ cores (analyzers/pipeline.py has the definitions and the models behind the advic
 from __future__ import annotations
 
 from ..analyzers import pipeline
-from ..analyzers.actions import Action, Setting
+from ..analyzers.actions import Setting, run_action
 from ..analyzers.run_config import section
 from .facts import Fact, TriageContext, Unavailable, ev, fact
 
@@ -75,9 +75,9 @@ def pp_bubbles(ctx: TriageContext) -> Fact | Unavailable:
     )
     action = None
     if helps:
-        action = Action("run", "e2e.p50", (Setting("engine.pp_microbatches",
-                                                   s.microbatches_asked, adv.microbatches),),
-                        expect=f"forward time per step ×{adv.forward_ratio:.2f}")  # fmt: skip
+        action = run_action("e2e.p50", Setting("engine.pp_microbatches", s.microbatches_asked,
+                                               adv.microbatches),
+                            expect=f"forward time per step ×{adv.forward_ratio:.2f}")  # fmt: skip
     return Fact(s.expected_bubble, evidence, impact=s.expected_bubble, action=action,
                 max_severity=None if helps else "info")  # fmt: skip
 
@@ -112,8 +112,8 @@ def pp_stage_imbalance(ctx: TriageContext) -> Fact | Unavailable:
                   f"{move.from_stage} to stage {move.to_stage}: --pp-layers {to} (now {now}); "
                   f"predicted slowest stage ×{move.forward_ratio:.2f} "
                   f"({move.forward_ratio - 1:+.0%} per micro-batch).")  # fmt: skip
-        action = Action("run", "e2e.p50", (Setting("engine.pp_layers", now, to),),
-                        expect=f"slowest stage ×{move.forward_ratio:.2f}")  # fmt: skip
+        action = run_action("e2e.p50", Setting("engine.pp_layers", now, to),
+                            expect=f"slowest stage ×{move.forward_ratio:.2f}")  # fmt: skip
     evidence = (
         *_common(s),
         ev("slowest", "slowest stage", s.slowest_stage),

@@ -95,13 +95,8 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         # Overlapped scheduling (analyzers/host_overlap.py): the look-ahead's exposed part.
         ahead = np.nan_to_num(phase("schedule_ahead")) + np.nan_to_num(phase("prepare_ahead"))
         host_in = host_in + ahead - np.minimum(np.nan_to_num(phase("host_hidden")), ahead)
-        # Speculative decoding's draft phase: a draft model computes (device work); an
-        # n-gram lookup is host code.
-        draft = np.nan_to_num(phase("draft"))
-        if _draft_is_a_model(ctx):
-            device = device + draft
-        else:
-            host_in = host_in + draft
+        # Speculative decoding's draft phase is judged by spec-no-speedup (what the draft
+        # costs against what it gains), not here: shown as evidence, counted in neither.
     else:
         return Unavailable("the run has neither engine phases nor GPU step times")
     in_system = sum(
@@ -150,12 +145,6 @@ def _ms_or_none(values: np.ndarray) -> float | None:
     """A phase's mean in ms; None (no row) when the run has no such phase."""
     mean = _mean(values)
     return ms(mean) if finite(mean) else None
-
-
-def _draft_is_a_model(ctx: TriageContext) -> bool:
-    from ..analyzers.speculative import config_of
-
-    return config_of(ctx.run).get("method") == "draft"
 
 
 def _profiled(ctx: TriageContext, ids: np.ndarray) -> np.ndarray:

@@ -196,7 +196,7 @@ def test_a_target_runs_vllm_counters_give_the_acceptance_finding(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_the_draft_phase_is_host_work_for_ngram_and_device_work_for_a_model(tmp_path, method):
+def test_host_share_shows_the_draft_phase_and_leaves_it_to_the_spec_checks(tmp_path, method):
     from spec_runs import write_run
 
     from perfdiag import load_run
@@ -205,6 +205,5 @@ def test_the_draft_phase_is_host_work_for_ngram_and_device_work_for_a_model(tmp_
     fact = evaluate_fact("host_share", TriageContext(load_run(tmp_path / "r")), {})
     got = {e.name: e.value for e in fact.evidence}
     assert got["draft_ms"] == pytest.approx(3.0, rel=0.01)
-    host_in_steps = got["host_ms"] - got["gap_ms"]
-    # schedule + post_process = 1 ms a step; the n-gram lookup's 3 ms join them.
-    assert host_in_steps == pytest.approx(4.0 if method == "ngram" else 1.0, rel=0.05)
+    # schedule + post_process = 1 ms a step; a slow draft is spec-no-speedup's to name.
+    assert got["host_ms"] - got["gap_ms"] == pytest.approx(1.0, rel=0.05)

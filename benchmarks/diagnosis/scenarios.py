@@ -579,6 +579,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         faults=FaultOptions(scheduler_work_ms=3.0, busy=True),
         workload=dict(arrival=_closed(8), seed=8),
     ),
+    Scenario(
+        "sched-no-overlap-b",
+        "a 2 ms scheduler spin per call, a closed loop of 6, other seed",
+        "host-bound",
+        faults=FaultOptions(scheduler_work_ms=2.0, busy=True),
+        workload=dict(arrival=_closed(6), seed=9),
+        variant_of="sched-no-overlap",
+    ),
     # The prefix cache's host tier (issue 39): a device pool smaller than the hot prefixes,
     # so they are offloaded and restored, each restore made slow for real (the
     # restore_delay_us fault spends its time inside the copy): short prefixes come back
@@ -610,16 +618,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         "the small preset in 2 pipeline stages over 1 micro-batch per step, long prompts",
         "pp-bubbles",
         engine=dict(preset="small", kv_cache_mb=64.0, pp=2, pp_microbatches=1),
-        workload=dict(arrival=_closed(4), prompt_len=_len("uniform:256:384"),
-                      output_len=_len("2"), seed=9),
+        workload=dict(
+            arrival=_closed(4), prompt_len=_len("uniform:256:384"), output_len=_len("2"), seed=9
+        ),
     ),
     Scenario(
         "pp-few-microbatches-b",
         "the same over 6 clients, longer prompts, another seed",
         "pp-bubbles",
         engine=dict(preset="small", kv_cache_mb=64.0, pp=2, pp_microbatches=1),
-        workload=dict(arrival=_closed(6), prompt_len=_len("uniform:320:480"),
-                      output_len=_len("2"), seed=3),
+        workload=dict(
+            arrival=_closed(6), prompt_len=_len("uniform:320:480"), output_len=_len("2"), seed=3
+        ),
         variant_of="pp-few-microbatches",
     ),
 )
