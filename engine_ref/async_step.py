@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .hooks import NO_STEP, PhaseEvent, RequestEvent, RequestEventKind, StepBegin, StepEvent
+from .hooks import NO_STEP, PhaseEvent, StepEvent
 from .hooks import StepPhase as P
 from .host_tier import report_host_tier
 from .model_runner import ModelInput
@@ -70,11 +70,7 @@ class OverlappedSteps:
                 outputs, self._outputs = self._outputs, []
                 return outputs
             obs = self.observer
-            step_id = self._step_id
-            self._step_id += 1
-            t0 = time.monotonic_ns()
-            if obs is not None:
-                obs.on_step_begin(StepBegin(step_id, t0))
+            step_id, t0 = self._begin_step()
             if ahead is None:  # the first step, or after an idle engine: nothing overlapped
                 sched = self.scheduler.schedule(t0)
                 report_host_tier(obs, self.block_manager.host_tier)  # --kv-offload-mb's records
@@ -135,27 +131,6 @@ class OverlappedSteps:
             return outputs
 
     # ---- the halves of a step that move ------------------------------------------------------
-    def _advance(self, inp: ModelInput, step_id: int) -> tuple[int, int, int]:
-        """Post-processing's first half, before the tokens exist: computed tokens, full
-        blocks cached, prefill chunks reported. Returns the step's (prefill tokens, prefill
-        sequences, decode sequences)."""
-        obs, bm = self.observer, self.block_manager
-        ts = time.monotonic_ns() if obs is not None else 0
-        prefill_tokens = prefill_seqs = decode_seqs = 0
-        for req, n in inp.batch:
-            prev = req.num_computed_tokens
-            req.num_computed_tokens = prev + n
-            bm.cache_full_blocks(req, prev)
-            if prev < req.num_tokens - 1 or req.num_output_tokens == 0:
-                prefill_tokens += n
-                prefill_seqs += 1
-                if obs is not None:
-                    obs.on_request(RequestEvent(req.request_id, RequestEventKind.PREFILL_CHUNK,
-                                                ts, step_id, n))  # fmt: skip
-            else:
-                decode_seqs += 1
-        return prefill_tokens, prefill_seqs, decode_seqs
-
     def _look_ahead(self, inp: ModelInput, next_id: int) -> Ahead | None:
         """Schedule and prepare step `next_id` while the current forward runs."""
         obs = self.observer

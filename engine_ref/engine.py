@@ -25,7 +25,7 @@ from .config import EngineConfig
 from .engine_build import build_model, local_kv_blocks
 from .engine_intake import Prompt, RequestIntake
 from .engine_records import StepRecords
-from .hooks import NO_STEP, EngineObserver, PhaseEvent, StepBegin, StepEvent, StepPhase
+from .hooks import NO_STEP, EngineObserver, PhaseEvent, StepEvent, StepPhase
 from .host_tier import make_host_tier, report_host_tier
 from .kv_cache import KVCache
 from .loader import read_model_config
@@ -180,11 +180,7 @@ class LLMEngine(RequestIntake, StepRecords, SpeculativeSteps, OverlappedSteps):
                 outputs, self._outputs = self._outputs, []
                 return outputs
             obs = self.observer
-            step_id = self._step_id
-            self._step_id += 1
-            t0 = time.monotonic_ns()
-            if obs is not None:
-                obs.on_step_begin(StepBegin(step_id, t0))
+            step_id, t0 = self._begin_step()
             sched = self.scheduler.schedule(t0)
             report_host_tier(obs, self.block_manager.host_tier)  # --kv-offload-mb's records
             if not sched.scheduled:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from .hooks import ExpertLoadEvent, RequestEvent, RequestEventKind
+from .hooks import ExpertLoadEvent, RequestEvent, RequestEventKind, StepBegin
 from .model_runner import ModelInput
 from .moe import expert_loads
 from .request import RequestOutput
@@ -52,10 +52,21 @@ class StepRecords:
         for req in sched.swapped_in:
             on(RequestEvent(req.request_id, K.RESUMED, ts, step_id, n_new[id(req)], detail="swap"))
 
-    def _postprocess(self, inp: ModelInput, tokens, logprobs, step_id: int):
-        obs = self.observer
-        ts = time.monotonic_ns() if obs is not None else 0
-        bm = self.block_manager
+    def _begin_step(self) -> tuple[int, int]:
+        """The next step's id and start time, announced to the observer."""
+        step_id, t0 = self._step_id, time.monotonic_ns()
+        self._step_id += 1
+        if self.observer is not None:
+            self.observer.on_step_begin(StepBegin(step_id, t0))
+        return step_id, t0
+
+    def _advance(self, inp: ModelInput, step_id: int, ts: int | None = None):
+        """Post-processing's first half, before the tokens exist (the overlapped step runs
+        it alone): computed tokens, full blocks cached, prefill chunks reported. Returns
+        the step's (prefill tokens, prefill sequences, decode sequences)."""
+        obs, bm = self.observer, self.block_manager
+        if ts is None:
+            ts = time.monotonic_ns() if obs is not None else 0
         prefill_tokens = prefill_seqs = decode_seqs = 0
         for req, n in inp.batch:
             prev = req.num_computed_tokens
@@ -68,6 +79,12 @@ class StepRecords:
                     obs.on_request(RequestEvent(req.request_id, K.PREFILL_CHUNK, ts, step_id, n))
             else:
                 decode_seqs += 1
+        return prefill_tokens, prefill_seqs, decode_seqs
+
+    def _postprocess(self, inp: ModelInput, tokens, logprobs, step_id: int):
+        obs = self.observer
+        ts = time.monotonic_ns() if obs is not None else 0
+        comp = self._advance(inp, step_id, ts)
         outputs = []
         max_len = self.config.max_model_len
         for req, tok, lp in zip(inp.sample_reqs, tokens, logprobs, strict=True):
@@ -102,4 +119,4 @@ class StepRecords:
                     status and status.finish_reason,
                 )
             )
-        return outputs, (prefill_tokens, prefill_seqs, decode_seqs)
+        return outputs, comp
