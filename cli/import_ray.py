@@ -13,6 +13,7 @@ from rich.table import Table
 
 from .app import out
 from .fit import fit
+from .import_trace import files_summary
 from .json_output import print_json
 
 CROSS_RANK_FILE = "cross_rank.json"
@@ -57,16 +58,7 @@ def import_ray(traces, run: Path, *, address: str, parts_dir: Path | None, copy_
 def _summary(s, cross) -> dict:
     return {
         "run": str(s.out),
-        "files": [
-            {
-                "path": f.path,
-                "rank": f.rank,
-                "rank_source": f.rank_source,
-                "events": f.events,
-                "skipped": f.skipped,
-            }
-            for f in s.files
-        ],
+        "files": files_summary(s.files),
         "missing": s.missing,
         "warnings": s.warnings,
         "events": s.events,

@@ -102,16 +102,7 @@ def import_trace(
     )
     summary = {
         "run": str(s.out),
-        "files": [
-            {
-                "path": f.path,
-                "rank": f.rank,
-                "rank_source": f.rank_source,
-                "events": f.events,
-                "skipped": f.skipped,
-            }
-            for f in s.files
-        ],
+        "files": files_summary(s.files),
         "warnings": s.warnings,
         "events": s.events,
         "spans": s.spans,
@@ -135,3 +126,12 @@ def import_trace(
     for f in s.files:
         skipped = ", ".join(f"{n} {what}" for what, n in f.skipped.items()) or "none"
         out.print(f"rank {f.rank}: {f.path} — skipped: {skipped}", highlight=False, markup=False)
+
+
+def files_summary(files) -> list[dict]:
+    """Each imported file as the JSON summary lists it (serial and Ray imports alike)."""
+    return [
+        {"path": f.path, "rank": f.rank, "rank_source": f.rank_source, "events": f.events,
+         "skipped": f.skipped}
+        for f in files
+    ]  # fmt: skip
