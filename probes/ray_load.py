@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..ray_reach import unreachable
 from ..traces.writer import RunWriter
 from .client import Progress
 from .clock_align import ClockAlignment, estimate_offset
@@ -43,7 +43,6 @@ PLACE_TIMEOUT_S = 120.0  # actors placed and answering (a real cluster may start
 START_LEAD_S = 0.2  # from telling the (ready) shards the start instant to the start
 STOP_WAIT_S = 30.0  # after Ctrl-C, for the shards to close their parts
 CLOCK_TIMEOUT_S = 10.0
-REACH_TIMEOUT_S = 5.0  # a cluster's GCS port answers at once when it is up
 
 
 def record_sharded_run(options: RunOptions, out_dir: Path, command: list[str] | None = None,
@@ -92,7 +91,9 @@ def _connect(ray, address: str | None) -> bool:
     connected (and so disconnects at the end)."""
     if ray.is_initialized():
         return False
-    _reachable(address)
+    if (e := unreachable(address)) is not None:  # ray.init would retry it for minutes
+        raise ConfigError(f"cannot reach the Ray cluster at {address}: "
+                          f"{e.strerror or type(e).__name__}")  # fmt: skip
     main = threading.current_thread() is threading.main_thread()
     term = signal.getsignal(signal.SIGTERM) if main else None
     try:
@@ -108,18 +109,6 @@ def _connect(ray, address: str | None) -> bool:
             # into an interrupt that stops the shards and keeps what they recorded.
             signal.signal(signal.SIGTERM, term)
     return True
-
-
-def _reachable(address: str | None) -> None:
-    """Refuse a HOST:PORT nothing listens on now: ray.init would retry it for minutes."""
-    host, sep, port = (address or "").rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return  # none (local), "auto", or a ray:// client address: Ray's own resolution
-    try:
-        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
-    except OSError as e:
-        raise ConfigError(f"cannot reach the Ray cluster at {address}: "
-                          f"{e.strerror or type(e).__name__}") from None  # fmt: skip
 
 
 def _place(ray, n: int):

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import ConfigError, PerfdiagError
+from ...ray_reach import unreachable
 from ..layout import RAW_DIR
 from ..manifest import CRASHED
 from ..reader import load_run
@@ -158,8 +159,8 @@ def _connect(address: str | None):
     if ray.is_initialized():
         return ray, False
     local = address in (None, "", "local")
-    if not local:
-        _check_reachable(address)
+    if not local and (e := unreachable(address)) is not None:
+        raise ConfigError(f"--ray-address {address}: nothing answers there ({e})")
     try:
         ray.init(address=None if local else address, include_dashboard=False,
                  logging_level=logging.ERROR, log_to_driver=False)  # fmt: skip
@@ -168,17 +169,6 @@ def _connect(address: str | None):
         where = "start a local Ray cluster" if local else f"connect to Ray at {address}"
         raise ConfigError(f"--ray: cannot {where} ({first})") from None
     return ray, True
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Refuse at once an address nothing listens on: ray.init retries it for minutes."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if address == "auto" or not sep or not port.isdigit():
-        return  # Ray's own forms ("auto") and errors
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise ConfigError(f"--ray-address {address}: nothing answers there ({e})") from None
 
 
 def _gather(ray, refs: list) -> list:
