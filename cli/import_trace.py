@@ -67,6 +67,15 @@ def import_trace(
             "real cluster, a shared filesystem path. Default: beside --out, removed."
         ),
     ] = None,
+    then_timeline: Annotated[
+        bool,
+        typer.Option(
+            "--timeline",
+            help="Then show the run's timeline (what `perfdiag timeline RUN` shows, critical "
+            "path included) in this process: one start-up instead of two. With --json: one "
+            "document, the import's summary with the timeline's under \"timeline\".",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Import PyTorch-profiler traces (several ranks of one job become one run)."""
@@ -84,6 +93,9 @@ def import_trace(
     use_ray = use_ray or ray_address is not None
     if not use_ray and parts_dir is not None:
         raise ConfigError("--parts-dir goes with --ray (or --ray-address)")
+    if use_ray and then_timeline:
+        raise ConfigError("--timeline goes with a local import: after --ray, run "
+                          "`perfdiag timeline RUN`")  # fmt: skip
     if use_ray:
         if jobs is not None:
             raise ConfigError("--jobs does not apply with --ray (each task reads one file)")
@@ -112,6 +124,10 @@ def import_trace(
     for warning in s.warnings:
         print(f"perfdiag: warning: {warning}", file=sys.stderr)
     if as_json:
+        if then_timeline:
+            from .timeline import show_timeline
+
+            summary["timeline"] = show_timeline(s.out, as_json=True)
         print_json(summary)
         return
     out.print(
@@ -126,6 +142,10 @@ def import_trace(
     for f in s.files:
         skipped = ", ".join(f"{n} {what}" for what, n in f.skipped.items()) or "none"
         out.print(f"rank {f.rank}: {f.path} — skipped: {skipped}", highlight=False, markup=False)
+    if then_timeline:
+        from .timeline import show_timeline
+
+        show_timeline(s.out)
 
 
 def files_summary(files) -> list[dict]:

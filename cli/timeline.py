@@ -60,15 +60,34 @@ def timeline(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Where the time went: CPU, GPU, copies, communication and idle, step by step."""
-    from ..analyzers.spans import CLASSES
-    from ..traces.reader import load_run
-
     check_top(top)
     check_ceilings_dir(ceilings_dir)
     if hardware is not None:
         from ..hardware.ceilings import named
 
         named(hardware)  # an unknown name is an error before any work
+    data = show_timeline(run, top=top, max_windows=max_windows, ceilings_dir=ceilings_dir,
+                         hardware=hardware, critical=critical, as_json=as_json)  # fmt: skip
+    if data is not None:
+        print_json(data)
+
+
+def show_timeline(
+    run: Path,
+    *,
+    top: int = 10,
+    max_windows: int = 20,
+    ceilings_dir=None,
+    hardware=None,
+    critical: bool = True,
+    as_json: bool = False,
+) -> dict | None:
+    """`perfdiag timeline`'s work on checked options (also `perfdiag import --timeline`'s,
+    in the import's process): the tables printed, or with `as_json` the JSON document
+    returned for the caller to print."""
+    from ..analyzers.spans import CLASSES
+    from ..traces.reader import load_run
+
     run, profile = _server_trace(run)
     loaded = load_run(run)
     rep, cp = _analyses(loaded, critical)
@@ -81,8 +100,7 @@ def timeline(
             data["critical_path"] = {k: _records(f) for k, f in cp.frames().items()}
         if profile is not None:
             data["trace_run"] = str(run)  # the client run's vLLM profiler trace
-        print_json(data)
-        return
+        return data
     if profile is not None:
         _say_server_trace(run, profile, rep)
     parts = [f"{c}_ns" for c in CLASSES] + ["idle_ns"]
@@ -233,6 +251,7 @@ def timeline(
         out.print(fit(t, out))
 
     _print_roofline(roof)
+    return None
 
 
 def _server_trace(run: Path) -> tuple[Path, dict | None]:
