@@ -27,6 +27,11 @@ class MetricDelta:
     ci_high: float
     significant: bool  # the interval excludes 0
     verdict: str  # better | worse | same | unknown
+    # Beside the row (compare_itl.py: ITL per chunk while chunks carry several tokens).
+    note: str = ""
+    # False: the verdict must not call the run better or worse on its own (per-chunk ITL
+    # "worse" while TPOT, per token, improved); the row still shows it.
+    decisive: bool = True
 
     def texts(self) -> tuple[str, str, str, str, str]:
         """A, B, the delta, the relative change and the delta's interval as text, in the
@@ -151,9 +156,10 @@ def metric_deltas(
     ):
         ta, tb = get(a.metrics.throughput), get(b.metrics.throughput)
         out.append(make_delta(key, label, unit, ta, tb, np.nan, np.nan, lower_is_better=False))
-    from .compare_spec import spec_deltas  # (it imports this module)
+    from .compare_itl import note_per_chunk_rows  # (they import this module)
+    from .compare_spec import spec_deltas
 
-    return (*out, *spec_deltas(a, b))
+    return note_per_chunk_rows((*out, *spec_deltas(a, b)), a, b)
 
 
 def make_delta(metric, label, unit, a, b, lo, hi, lower_is_better: bool) -> MetricDelta:

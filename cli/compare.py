@@ -129,7 +129,7 @@ def _deltas(deltas) -> None:
         a, b, delta, rel, interval = d.texts()
         verdict = d.verdict if d.verdict != "unknown" else "no interval"
         t.add_row(
-            f"{d.label} ({d.unit})",
+            f"{d.label} ({d.unit})" + (" *" if d.note else ""),
             a,
             b,
             delta,
@@ -138,6 +138,8 @@ def _deltas(deltas) -> None:
             f"[{VERDICT_STYLE[d.verdict]}]{verdict}[/]",
         )
     out.print(fit(t, out, keep=["verdict"], drop=["Δ %"]))
+    for note in dict.fromkeys(d.note for d in deltas if d.note):  # once each, in order
+        out.print(f"[dim]* {escape(note)}[/]", highlight=False)
 
 
 def _correctness(c) -> None:

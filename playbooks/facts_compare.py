@@ -52,7 +52,9 @@ def latency_regression(ctx: TriageContext, min_relative: float) -> Fact | Unavai
     deltas = _deltas(ctx)
     if not deltas:
         return Unavailable("a run has no serving metrics")
-    worse = [d for d in deltas if d.verdict == "worse" and d.relative >= min_relative]
+    # A per-chunk ITL row "worse" while TPOT improved is no regression (compare_itl.py).
+    worse = [d for d in deltas
+             if d.verdict == "worse" and d.decisive and d.relative >= min_relative]  # fmt: skip
     top = max(worse, key=lambda d: d.relative, default=None)
     evidence = (
         ev("metric", "worst metric", top.label if top else "none"),
