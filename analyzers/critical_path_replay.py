@@ -26,8 +26,11 @@ class Replay:
         p0 = preds[:, 0]
         self.chain = p0 == idx - 1  # waits on the node just before it in its chain
         crossing = preds[:, 1:] >= 0
+        # Only the nodes a cross edge arrives at (and chain starts) go one by one; a node a
+        # cross edge leaves from is read off its chain's last such node before it (its
+        # anchor) plus the chain's weights since: half the nodes of the loop on a training
+        # trace (a launch call's start is a plain chain node).
         key = ~self.chain | crossing.any(axis=1)
-        key[preds[:, 1:][crossing]] = True  # what a cross edge leaves from
         key[src] = True
         self.anchor = np.maximum.accumulate(np.where(key, idx, 0))
         # The loop works on the cross-linked nodes alone, numbered 0..k-1 (the source last).
@@ -40,8 +43,14 @@ class Replay:
         self.a = a
         self.a_slot = slot[a]
         self.slot = slot[self.key]
-        self.p1 = np.where(preds[self.key, 1] >= 0, slot[preds[self.key, 1]], -1)
-        self.p2 = np.where(preds[self.key, 2] >= 0, slot[preds[self.key, 2]], -1)
+        # A cross edge's source as its anchor's slot and the source's place on the chain.
+        self.cross = []
+        for c in (1, 2):
+            p = preds[self.key, c]
+            has = p >= 0
+            src_node = np.where(has, p, src)
+            self.cross.append((has, src_node, self.anchor[src_node],
+                               np.where(has, slot[self.anchor[src_node]], -1)))  # fmt: skip
         self.anchor_slot = slot[self.anchor]
         self.start = time[self.nodes]
 
@@ -50,8 +59,11 @@ class Replay:
         along = np.cumsum(w0)  # a chain's weights so far (differences within one chain)
         key = self.key
         d0 = np.where(self.p0_chain, along[key] - along[self.a], weights[key, 0])
+        (h1, s1, a1, p1), (h2, s2, a2, p2) = self.cross
+        w1 = np.where(h1, weights[key, 1] + along[s1] - along[a1], 0)
+        w2 = np.where(h2, weights[key, 2] + along[s2] - along[a2], 0)
         t = self.start.tolist()
-        cols = (self.slot, self.a_slot, d0, self.p1, weights[key, 1], self.p2, weights[key, 2])
+        cols = (self.slot, self.a_slot, d0, p1, w1, p2, w2)
         for lo in range(0, len(key), _CHUNK):  # a chunk's rows as lists at a time, not all
             rows = zip(*(c[lo : lo + _CHUNK].tolist() for c in cols), strict=True)
             for n, a0, d, p1, w1, p2, w2 in rows:

@@ -24,3 +24,36 @@ def test_fast_replay_equals_node_by_node(tmp_path, cli):
         fast = cg.replay(g, w)
         assert np.array_equal(fast, cg.replay_each(g, w))
         assert not np.array_equal(fast, g.time)  # the weights did change something
+
+
+def _walk_each(g, sink: int, lo: int):
+    """The path back from `sink`, node by node (the reference for `_back_from`)."""
+    nodes, cols, n = [], [], sink
+    while n != g.source and g.time[n] > lo:
+        b = int(g.binding[n])
+        if b < 0:
+            break
+        nodes.append(n)
+        cols.append(b)
+        n = int(g.preds[n, b])
+    return nodes[::-1], cols[::-1]
+
+
+def test_walk_by_runs_equals_node_by_node(tmp_path, cli):
+    """The walk takes each chain's run of nodes as a range: the same nodes and edges as
+    stepping back one node at a time, whichever time it stops at."""
+    from perfdiag.analyzers.critical_path import _back_from
+
+    cli("import", str(KINETO / "a100_alexnet_cuda_sync.json.gz"), "-o", str(tmp_path / "run"))
+    from perfdiag.analyzers.spans import timeline_spans
+    from perfdiag.traces.reader import load_run
+
+    g = cg.build(timeline_spans(load_run(tmp_path / "run")))
+    ends = g.time[1 : g.source : 2]
+    sink = 2 * int(np.argmax(ends)) + 1
+    lows = np.quantile(g.time, [0, 0.1, 0.5, 0.9, 0.999]).astype(np.int64)
+    for lo in [int(g.time.min()) - 1, *lows.tolist()]:
+        nodes, cols = _back_from(g, sink, lo)
+        want_nodes, want_cols = _walk_each(g, sink, lo)
+        assert nodes.tolist() == want_nodes and cols.tolist() == want_cols
+    assert len(want_nodes) == 0 or len(_back_from(g, sink, int(g.time.min()) - 1)[0]) > 100
