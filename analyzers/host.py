@@ -18,6 +18,10 @@ OTHERS_SHARE of the cores while the machine was saturated. Every host threshold 
 share of the machine or of the process's own cores, so 0.25 cores of daemons or a
 serving process's own oversubscribed threads on a 100-core GPU node are not contention.
 
+Where the recorder read the stepping thread's run-queue wait (Linux schedstat,
+probes/run_queue.py), that wait is the time lost, measured; the inference below is the
+fallback for runs without it (older runs, kernels that do not account it).
+
 A step computed on the CPU that ran longer than the step cost model explains by about
 the CPU it did not get, without either sign, *waited for CPU* (`_waited_for_cpu`): an
 inflation reason of its own, since without the sampler a wait for cores and a wait on
@@ -54,6 +58,9 @@ SATURATED = 0.9  # … while the machine is at least this busy
 # cores on the 2-core machine it was set on; a 96-core node's daemons stay below 12).
 OTHERS_PRESENT_SHARE = 0.125
 MIN_REFERENCE_STEPS = 5
+# A step that waited on a run queue for a tenth of its time is starved: the share at
+# which host-contention warns (playbooks/triage.yaml), step by step.
+STARVED_WAIT_SHARE = 0.1
 REASONS = (
     "probe",
     "JIT compile",
@@ -83,6 +90,7 @@ class HostConditions:
     lost_s: float  # estimated step time lost to CPU starvation
     lost_share: float  # lost_s / Σ step time
     engine_busy_share: float  # Σ step time / the steps' span: how loaded the engine was
+    run_queue_share: float  # the stepping thread's run-queue wait / Σ step time (NaN: not recorded)
     per_step: pd.DataFrame = field(metadata=INTERNAL)
 
 
@@ -149,10 +157,19 @@ def host_conditions(
     with_prefill = timeline.prefill_tokens > 0
     reference = _references(ratio, starved, with_prefill)
     deficit = wall - cpu / reference
+    lost = np.where(starved & np.isfinite(cpu), np.maximum(deficit, 0.0), 0.0)
+    # Where the stepping thread's run-queue wait was recorded, it is the time lost,
+    # measured: no reference needed (a neighbour present for the whole run leaves no
+    # unstarved step to infer one from). Waits with no other process at work are the
+    # engine's own threads outnumbering the cores, not contention.
+    delay = _run_delay(s, switches)
+    measured = np.isfinite(delay) & ~own_crowd
+    from_others = measured & ~alone
+    starved = np.where(measured, from_others & (delay >= STARVED_WAIT_SHARE * wall), starved)
+    lost = np.where(measured, np.where(from_others, delay, 0.0), lost)
     waited = np.zeros(len(wall), bool)
     if cost_per_step is not None and not own_crowd and _computes_on_cpu(run):
         waited = _waited_for_cpu(timeline, deficit, cost_per_step) & ~alone & ~starved
-    lost = np.where(starved & np.isfinite(cpu), np.maximum(deficit, 0.0), 0.0)
     per_step = pd.DataFrame(
         {
             "step_id": timeline.step_id,
@@ -162,6 +179,7 @@ def host_conditions(
             "starved": starved,
             "waited_for_cpu": waited,
             "lost_s": lost / NS,
+            "run_delay_s": delay / NS,
         }
     )
     return HostConditions(
@@ -180,8 +198,23 @@ def host_conditions(
         lost_s=float(lost.sum() / NS),
         lost_share=float(lost.sum() / wall.sum()) if wall.sum() else 0.0,
         engine_busy_share=timeline.busy_share(),
+        run_queue_share=float(np.nansum(delay) / wall.sum())
+        if np.isfinite(delay).any() and wall.sum()
+        else float("nan"),
         per_step=per_step,
     )
+
+
+def _run_delay(steps: pd.DataFrame, switches: np.ndarray) -> np.ndarray:
+    """Per step, the stepping thread's run-queue wait in ns (NaN: not recorded). A run
+    whose steps never waited although the kernel preempted the process is read as a kernel
+    that does not account the wait (schedstat off), not as a run with no contention."""
+    if "run_delay_ns" not in steps:
+        return np.full(len(steps), np.nan)
+    delay = steps["run_delay_ns"].to_numpy("float64", na_value=np.nan)
+    if np.nansum(delay) == 0 and np.nansum(switches) > 0:
+        return np.full(len(steps), np.nan)
+    return delay
 
 
 def _busy_cores(ratio: np.ndarray) -> float:

@@ -60,6 +60,7 @@ _REASON_ADVICE = {
         "starved_pct",
         "lost_s",
         "steal_pct",
+        "run_queue_pct",
         "engine_busy_pct",
         "mean_gain",
         "tail_gain",
@@ -85,6 +86,7 @@ def host_contention(ctx: TriageContext) -> Fact | Unavailable:
         ev("starved_pct", "step time in starved steps", h.starved_share, "%"),
         ev("lost_s", "step time lost to other processes", h.lost_s, "s"),
         ev("steal_pct", "CPU stolen by the hypervisor", h.steal_share, "%"),
+        ev("run_queue_pct", "step time spent waiting for a CPU", h.run_queue_share, "%"),
         # How loaded the engine was: what a queue's size depends on (see evaluate.covers).
         ev("engine_busy_pct", "engine busy (step time over the run)", h.engine_busy_share, "%"),
         *impact_evidence(impact, "latency"),

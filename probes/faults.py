@@ -33,8 +33,9 @@ happened. The points, and where their time lands in the lifecycle:
 `busy=True` spins the CPU instead of sleeping (CPU work that holds the GIL, as Python
 host code does); sleeping is the default because it costs shared machines nothing.
 
-`burning(n)` is the one fault outside the engine: `n` other processes spinning on the
-same cores while a run records (a noisy neighbour). Nothing of it is recorded in the
+`burning(load)` is the one fault outside the engine: other processes spinning on the
+same cores while a run records (a noisy neighbour), `load` cores' worth of them (⌈load⌉
+processes, each busy load/⌈load⌉ of every 10 ms). Nothing of it is recorded in the
 run: the host-contention check must find it from what the probes saw.
 """
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -197,12 +199,31 @@ class FaultObserver(EngineObserver):
         self.inner.on_close()
 
 
+BURN_PERIOD_S = 0.01  # a duty-cycled burner's period: a few scheduler slices
+
+
+def _burner(duty: float) -> str:
+    if duty >= 1.0:
+        return "while True: pass"
+    busy, idle = round(duty * BURN_PERIOD_S, 6), round((1 - duty) * BURN_PERIOD_S, 6)
+    return (
+        "import time\n"
+        "while True:\n"
+        f"    t = time.perf_counter() + {busy!r}\n"
+        "    while time.perf_counter() < t: pass\n"
+        f"    time.sleep({idle!r})\n"
+    )
+
+
 @contextlib.contextmanager
-def burning(processes: int) -> Iterator[None]:
-    """`processes` plain `python -c "while True: pass"` processes for the duration."""
+def burning(load: float) -> Iterator[None]:
+    """`load` cores' worth of spinning processes for the duration: ⌈load⌉ processes,
+    each busy load/⌈load⌉ of the time (an integer load: plain `while True: pass`)."""
+    processes = math.ceil(load - 1e-9) if load > 0 else 0
+    code = _burner(load / processes) if processes else ""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"],
+            [sys.executable, "-c", code],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -29,6 +29,7 @@ from ..engine_ref.hooks import (
 )
 from ..traces.writer import RunWriter
 from .client import ClientResult
+from .run_queue import ThreadRunDelay
 
 # Engine hook kinds → the run format's request-event kinds.
 ENGINE_KINDS = {
@@ -67,6 +68,15 @@ class RunRecorder(EngineObserver):
         self._host_at_begin = (0, 0)  # (CPU ns, involuntary switches) at the step's start
         # A replica shares the process with the others: its steps count its thread's CPU.
         self._host_usage = _host_usage if replica is None else _thread_usage
+        self._run_delay = ThreadRunDelay()  # the stepping thread's run-queue wait
+        self._run_delay_at_begin: tuple[int, int | None] = (0, None)
+
+    def _run_delay_since_begin(self) -> int | None:
+        tid, begin = self._run_delay_at_begin
+        waited = self._run_delay()
+        if waited is None or begin is None or tid != threading.get_native_id():
+            return None  # not measured, or the step ended on another thread
+        return waited - begin
 
     # -- engine side ---------------------------------------------------------------------
     def on_request(self, e: RequestEvent) -> None:
@@ -89,6 +99,7 @@ class RunRecorder(EngineObserver):
         if self._timer is not None:
             self._timer.begin(e.step_id)
         self._host_at_begin = self._host_usage()
+        self._run_delay_at_begin = (threading.get_native_id(), self._run_delay())
 
     def on_phase(self, e: PhaseEvent) -> None:
         self._span((e.phase.value, "phase", e.start_ns, e.end_ns - e.start_ns, self._pid,
@@ -99,6 +110,7 @@ class RunRecorder(EngineObserver):
         cpu_ns, switches = self._host_usage()
         cpu_ns -= self._host_at_begin[0]
         switches -= self._host_at_begin[1]
+        run_delay = self._run_delay_since_begin()
         gpu_time_ns = self._timer.end() if self._timer is not None else None
         if self._window is not None:
             self._window.on_step_end(e.step_id, e.end_ns)
@@ -107,7 +119,7 @@ class RunRecorder(EngineObserver):
                     e.num_swapped, e.num_preemptions, e.kv_blocks_used, e.kv_blocks_free,
                     e.kv_blocks_cached, gpu_time_ns, self._rank, e.num_cached_tokens,
                     e.cpu_blocks_used, cpu_ns, switches, e.blocked_by or None,
-                    self._replica))  # fmt: skip
+                    self._replica, run_delay))  # fmt: skip
         self.steps_recorded += 1
 
     def on_collectives(self, events: list[CollectiveEvent]) -> None:

@@ -236,3 +236,18 @@ def test_reports_of_several_seeds_combine_from_their_saved_results(tmp_path, cap
     assert capsys.readouterr().out.splitlines() == report.lines(report.summarise(a + b))
     assert report.main([str(tmp_path / "missing.json")]) == 1
     assert "not a generator report" in capsys.readouterr().out
+
+
+def test_the_neighbour_label_is_the_step_time_measured_beside_the_burners():
+    """Share of step time, measured by wall time in a calibration run beside the draw's
+    burners; without an engine run, fair sharing with one engine core. The old label
+    (busy share · b/(1 + b)) called one burner on two cores ×3.3 where the engine,
+    keeping one core busy, lost 2 % (seed 2000's g2000-0072)."""
+    d = next(d for d in DRAWS if [f.cls for f in d.faults] == ["neighbour"])
+    per_core = d.faults[0].knobs["per_core"]
+    scenario, (rel,) = generate.build(d, _calibration(beside_loss=0.25))
+    assert rel == pytest.approx(2.5) and scenario.neighbours == per_core
+    cores = generate.machine_cores()
+    unmeasured = max(0.0, 1 - cores / (1 + per_core * cores)) / 0.1
+    assert generate.build(d, _calibration())[1] == [pytest.approx(unmeasured)]
+    assert generate.label_relative(d.faults[0], d) == pytest.approx(unmeasured)

@@ -89,6 +89,9 @@ class Step(NamedTuple):
     # Data-parallel replica whose step it is (None: one engine). Step ids stay unique
     # across the run's replicas, so a step id alone still names one step.
     replica: int | None = None
+    # The stepping thread's wait on a CPU run queue during the step (Linux schedstat;
+    # probes/run_queue.py): the step time contention took, measured rather than inferred.
+    run_delay_ns: int | None = None
 
 
 class Span(NamedTuple):

@@ -170,7 +170,7 @@ def verify_top(s: Scenario, run_dir: Path, triage, repeats: int = 1) -> dict:
 
     def beside_neighbours(*args, **kwargs):
         # The run's own conditions: its neighbours burn while a repeat records.
-        with burning(round(s.neighbours * machine_cores())):
+        with burning(s.neighbours * machine_cores()):
             return record_run(*args, **kwargs)
 
     as_run = beside_neighbours if s.neighbours else record_run

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from perfdiag.probes.faults import FaultOptions
 from perfdiag.probes.workload import PrefixSpec
+from perfdiag.traces.environment import machine_cores
 
 from .scenarios import HEALTHY, Scenario, _closed, _len, _open
 
@@ -192,10 +193,16 @@ CLASSES: tuple[FaultClass, ...] = (
         "neighbour",
         "host-contention",
         0.1,
-        "predicted share of step time lost / 0.1",
-        "u · b / (1 + b): b burners per core, u the engine's busy share (1 closed, ρ open)",
+        "share of step time the neighbours take / 0.1",
+        "measured beside them: 1 − Σ steps alone / Σ steps beside L·cores burning cores' "
+        "worth, the base's one-client calibration run recorded again with the burners "
+        "(wall time of steps: not the check's run-queue instrument). A share of step time, "
+        "so the same in an open loop as in a closed one. Without an engine run (the draw's "
+        "label): fair sharing with an engine keeping one core busy, "
+        "max(0, 1 − cores / (1 + L·cores))",
         None,
         "neighbours",
+        span=(0.3, 1.6),  # L, burning cores per core: the span covers both sides of 0.1
     ),
     _fc(
         "dp-imbalance",
@@ -362,9 +369,10 @@ def _draw_fault(c: FaultClass, rng: random.Random, d: dict) -> Fault:
         d["output"] = (64, 160)
         d["load"], e["max_seqs"] = float(k), max(k, e["max_seqs"])
     if c.name == "neighbour":
-        if d["loop"] == "open":  # down to an engine busy 5 % of the time: little to lose
+        if d["loop"] == "open":  # down to an engine busy 5 % of the time
             d["load"] = _loguniform(rng, 0.05, 0.6)
-        return Fault(c.name, float("nan"), {"per_core": rng.choice((0.5, 1.0, 1.5))})
+        # a continuous load (duty-cycled burners), so magnitudes spread across the rule
+        return Fault(c.name, float("nan"), {"per_core": round(rel, 3)})
     if c.name == "dp-imbalance":
         e.update(preset="small", dp=2, router="least-loaded", max_seqs=4, kv_cache_mb=16.0)
         d["preset"], d["load"] = "small", rng.uniform(0.2, 0.6)
@@ -384,6 +392,8 @@ class Calibration:
     token_s: float  # per prefill token beyond it
     step_s: float  # median step at capacity
     host_share: float  # host_share at capacity (NaN: not measured)
+    one_steps_s: float = float("nan")  # Σ step time of the one-client run
+    beside_loss: float = float("nan")  # 1 − one_steps_s / the same beside the draw's burners
 
 
 def relative_of(f: Fault, d: Draw, cal: Calibration | None) -> float:
@@ -397,8 +407,10 @@ def relative_of(f: Fault, d: Draw, cal: Calibration | None) -> float:
     if f.cls == "cold-starvation":
         return (k["clients"] - k["cap"]) / 2
     if f.cls == "neighbour":
-        busy = 1.0 if d.loop == "closed" else d.load
-        return busy * k["per_core"] / (1 + k["per_core"]) / 0.1
+        if cal is not None and math.isfinite(cal.beside_loss):
+            return cal.beside_loss / 0.1
+        cores = machine_cores()
+        return max(0.0, 1 - cores / (1 + k["per_core"] * cores)) / 0.1
     if f.cls == "dp-imbalance":
         w = k["weights"][0] / k["weights"][1]
         u0 = min(1.0, 2 * d.load * w / (w + 1))
@@ -536,11 +548,9 @@ def calibrate(d: Draw, root: Path) -> Calibration:
     from perfdiag import load_run
     from perfdiag.analyzers.serving import analyze_serving
 
-    lengths = dict(prompt_len=_len("uniform:{}:{}".format(*d.prompt)),
-                   output_len=_len("uniform:{}:{}".format(*d.output)), seed=7)  # fmt: skip
+    lengths = _lengths(d)
     tag = f"cal-{abs(hash(key)) % 10**8}"
-    one = Scenario(f"{tag}-1", "calibration", HEALTHY, engine=d.engine, probes=USER_PROBES,
-                   workload=dict(lengths, requests=12, warmup=2, arrival=_closed(1)))  # fmt: skip
+    one = _one_client(d, tag)
     clients = d.engine["max_seqs"] * d.engine.get("dp", 1)
     # Capacity from several waves of full batches: 24 requests over 8 clients were three,
     # ramp and drain included, and read ~20 % low (seed 1000: "over-capacity ×1.1"
@@ -572,9 +582,37 @@ def calibrate(d: Draw, root: Path) -> Calibration:
         token_s=max(1e-7, float(statistics.median(per_tok))) if per_tok else 1e-6,
         step_s=float(statistics.median(durn)),
         host_share=_host_share(rn),
+        one_steps_s=float(dur.sum()),
     )
     _CALIBRATIONS[key] = cal
     return cal
+
+
+def _lengths(d: Draw) -> dict:
+    return dict(prompt_len=_len("uniform:{}:{}".format(*d.prompt)),
+                output_len=_len("uniform:{}:{}".format(*d.output)), seed=7)  # fmt: skip
+
+
+def _one_client(d: Draw, tag: str, neighbours: float = 0.0) -> Scenario:
+    return Scenario(f"{tag}-1" + (f"-beside{neighbours:g}" if neighbours else ""),
+                    "calibration", HEALTHY, engine=d.engine, probes=USER_PROBES,
+                    workload=dict(_lengths(d), requests=12, warmup=2, arrival=_closed(1)),
+                    neighbours=neighbours)  # fmt: skip
+
+
+def calibrate_beside(d: Draw, cal: Calibration, root: Path) -> Calibration:
+    """The calibration with `beside_loss`: the one-client run recorded again beside the
+    draw's neighbours (the neighbour class's magnitude, measured by wall time)."""
+    per_core = next((f.knobs["per_core"] for f in d.faults if f.cls == "neighbour"), None)
+    if per_core is None:
+        return cal
+    from perfdiag import load_run
+
+    tag = f"cal-{abs(hash(d.calibration_key())) % 10**8}"
+    beside = _one_client(d, tag, per_core)
+    run = load_run(beside.record(root / beside.name))
+    steps_s = float((run.steps["end_ns"] - run.steps["start_ns"]).sum() / 1e9)
+    return replace(cal, beside_loss=max(0.0, 1 - cal.one_steps_s / steps_s))
 
 
 def _host_share(run) -> float:
@@ -600,7 +638,7 @@ def findings_of(triage) -> dict:
 
 def run_draw(d: Draw, root: Path, seeds: int = 1) -> list[dict]:
     """Record a draw once per workload seed and triage each run: one result each."""
-    cal = calibrate(d, root / "calibration")
+    cal = calibrate_beside(d, calibrate(d, root / "calibration"), root / "calibration")
     out = []
     for k in range(seeds):
         scenario, rels = build(d, cal, k)

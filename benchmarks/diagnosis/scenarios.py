@@ -105,7 +105,7 @@ class Scenario:
         rate = None
         if self.rate_of is not None:
             rate = self.rate_of[1] * completion_rate(out_dir.parent / self.rate_of[0])
-        with burning(round(self.neighbours * machine_cores())):
+        with burning(self.neighbours * machine_cores()):
             record_run(
                 self.options(requests, rate),
                 out_dir,
