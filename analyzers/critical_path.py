@@ -230,7 +230,7 @@ def _what_ifs(g: cg.Graph, items: pd.DataFrame, sink: int, windows: int, top: in
         old = w[rows, cols]
         w[rows, cols] = new
         try:
-            latest = int(cg.replay(g, w)[in_range].max())
+            latest = cg.replay_latest(g, w, in_range)
         finally:
             w[rows, cols] = old
         items.at[i, "saved_ns"] = max(0, base - latest)

@@ -421,10 +421,20 @@ def _topological(time, preds) -> np.ndarray:
 def replay(g: Graph, weights: np.ndarray | None = None) -> np.ndarray:
     """Every node's time under the graph's model with these edge weights: the latest
     of its predecessors' times plus the edges' weights (the source keeps its time)."""
+    return _replayer(g)(g.weights if weights is None else weights)
+
+
+def replay_latest(g: Graph, weights: np.ndarray, among: np.ndarray) -> int:
+    """`replay(g, weights)[among].max()` without the whole replayed array."""
+    return _replayer(g).latest(weights, among)
+
+
+def _replayer(g: Graph) -> Replay:
+    """The graph's chain structure, worked out on its first replay and kept."""
     r = g.__dict__.get("_replay")
     if r is None:
         r = g.__dict__["_replay"] = Replay(g.time, g.preds, g.order)
-    return r(g.weights if weights is None else weights)
+    return r
 
 
 def replay_each(g: Graph, weights: np.ndarray | None = None) -> np.ndarray:

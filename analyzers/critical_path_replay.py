@@ -14,6 +14,8 @@ import numpy as np
 # Rows turned into Python lists at a time: seven lists of ints for every cross-linked node
 # at once were ~45 MB of a 412k-event trace's peak; 64k rows cost no time.
 _CHUNK = 1 << 16
+# Nodes per block when only the latest replayed time is wanted.
+_BLOCK = 1 << 17
 
 
 class Replay:
@@ -32,10 +34,11 @@ class Replay:
         # trace (a launch call's start is a plain chain node).
         key = ~self.chain | crossing.any(axis=1)
         key[src] = True
-        self.anchor = np.maximum.accumulate(np.where(key, idx, 0))
+        ids = np.int32 if n < 2**31 else np.int64  # per-node arrays kept: half as large
+        self.anchor = np.maximum.accumulate(np.where(key, idx, 0)).astype(ids)
         # The loop works on the cross-linked nodes alone, numbered 0..k-1 (the source last).
         self.nodes = np.flatnonzero(key)
-        slot = np.full(n, -1, np.int64)
+        slot = np.full(n, -1, ids)
         slot[self.nodes] = np.arange(len(self.nodes))
         self.key = order[key[order] & (order != src)]  # topological
         self.p0_chain = self.chain[self.key]
@@ -55,8 +58,30 @@ class Replay:
         self.start = time[self.nodes]
 
     def __call__(self, weights: np.ndarray) -> np.ndarray:
-        w0 = np.where(self.chain, weights[:, 0], 0)
-        along = np.cumsum(w0)  # a chain's weights so far (differences within one chain)
+        t, along = self._key_times(weights)
+        return t[self.anchor_slot] + (along - along[self.anchor])
+
+    def latest(self, weights: np.ndarray, among: np.ndarray) -> int:
+        """The latest replayed time of the nodes `among` selects, a block of nodes at a
+        time: no whole-graph temporaries (four of 7.6 MB at a 412k-event trace)."""
+        t, along = self._key_times(weights)
+        best = None
+        for lo in range(0, len(along), _BLOCK):
+            sl = slice(lo, lo + _BLOCK)
+            pick = among[sl]
+            if not pick.any():
+                continue
+            times = t[self.anchor_slot[sl][pick]] + (along[sl][pick] - along[self.anchor[sl][pick]])
+            top = int(times.max())
+            best = top if best is None else max(best, top)
+        if best is None:
+            raise ValueError("latest() of no nodes")
+        return best
+
+    def _key_times(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The cross-linked nodes' times, and each node's chain weights so far."""
+        along = np.where(self.chain, weights[:, 0], 0)
+        np.cumsum(along, out=along)  # a chain's weights so far (differences within one chain)
         key = self.key
         d0 = np.where(self.p0_chain, along[key] - along[self.a], weights[key, 0])
         (h1, s1, a1, p1), (h2, s2, a2, p2) = self.cross
@@ -73,4 +98,4 @@ class Replay:
                 if p2 >= 0 and t[p2] + w2 > best:
                     best = t[p2] + w2
                 t[n] = best
-        return np.asarray(t, np.int64)[self.anchor_slot] + (along - along[self.anchor])
+        return np.asarray(t, np.int64), along

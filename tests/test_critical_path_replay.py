@@ -9,7 +9,10 @@ from perfdiag.analyzers import critical_path_graph as cg
 from perfdiag.analyzers.critical_path import GONE
 
 
-def test_fast_replay_equals_node_by_node(tmp_path, cli):
+def test_fast_replay_equals_node_by_node(tmp_path, cli, monkeypatch):
+    from perfdiag.analyzers import critical_path_replay
+
+    monkeypatch.setattr(critical_path_replay, "_BLOCK", 1000)  # many blocks in latest()
     cli("import", str(KINETO / "a100_alexnet_cuda_sync.json.gz"), "-o", str(tmp_path / "run"))
     from perfdiag.analyzers.spans import timeline_spans
     from perfdiag.traces.reader import load_run
@@ -24,6 +27,8 @@ def test_fast_replay_equals_node_by_node(tmp_path, cli):
         fast = cg.replay(g, w)
         assert np.array_equal(fast, cg.replay_each(g, w))
         assert not np.array_equal(fast, g.time)  # the weights did change something
+        among = rng.random(len(g.time)) < 0.7  # the latest of some nodes, block by block
+        assert cg.replay_latest(g, w, among) == fast[among].max()
 
 
 def _walk_each(g, sink: int, lo: int):
