@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 generate = importlib.import_module("benchmarks.diagnosis.generate")
 report = importlib.import_module("benchmarks.diagnosis.report")
 diagnosis_main = importlib.import_module("benchmarks.diagnosis.__main__")
+kv_model = importlib.import_module("benchmarks.diagnosis.kv_model")
 
 DRAWS = [generate.draw(0, i) for i in range(500)]
 
@@ -96,6 +97,36 @@ def test_labels_follow_from_the_knobs_by_construction():
     scenario, rels = generate.build(d, cal)
     assert rels == [] and scenario.faults is None and scenario.neighbours == 0
     assert scenario.workload["arrival"].concurrency <= scenario.engine["max_seqs"]
+
+
+def test_kv_too_small_pools_sit_where_the_closed_loop_model_crosses_the_rule():
+    """A kv-too-small draw's pool is `relative` times smaller than the one at which the
+    closed-loop model (kv_model.py) predicts 0.1 preemptions per request, so the model
+    predicts the rule fires above ×1 and not below. The old label (clients × a mean
+    request's blocks at its final length) put ×1.15 at pools the model gives 0.01-0.07."""
+    assert generate.BY_NAME["kv-too-small"].rule == kv_model.THRESHOLD
+    cal = _calibration()
+    kv = [d for d in DRAWS if [f.cls for f in d.faults] == ["kv-too-small"]][:2]
+    for d in kv:
+        for rel in (0.87, 1.15):
+            drawn = dataclasses.replace(d, faults=(dataclasses.replace(d.faults[0], relative=rel),))
+            scenario, (built,) = generate.build(drawn, cal)
+            pool = scenario.engine["kv_blocks"]
+            loop = generate.kv_loop(drawn, scenario.engine, None)
+            assert built == pytest.approx(kv_model.threshold_pool(loop) / pool)
+            assert built == pytest.approx(rel, rel=0.03)
+            assert (kv_model.preemption_rate(loop, pool) >= 0.1) == (rel >= 1), (d.name, rel)
+
+
+def test_kv_too_small_prompts_include_a_shared_prefix():
+    """Paired with prefix-cache-off, every prompt carries the shared prefix: the model's
+    prompts (and the longest request the pool must hold) are that much longer."""
+    d = next(d for d in DRAWS if {f.cls for f in d.faults} == {"kv-too-small", "prefix-cache-off"})
+    scenario, _ = generate.build(d, _calibration())
+    prefix = scenario.workload["shared_prefix"]
+    loop = generate.kv_loop(d, scenario.engine, prefix)
+    assert loop.prompt == (d.prompt[0] + prefix.length, d.prompt[1] + prefix.length)
+    assert scenario.engine["kv_blocks"] > loop.longest
 
 
 def test_client_cap_threshold_is_the_poisson_tail():
@@ -204,11 +235,14 @@ def test_requests_change_nothing_else_in_a_draw():
         assert b.requests == 16 and a == dataclasses.replace(b, requests=a.requests)
 
 
-def test_every_draw_builds_an_engine_the_engine_accepts():
+def test_every_draw_builds_an_engine_the_engine_accepts(monkeypatch):
     """Seed 1's dev run stopped at a draw the engine refused (no chunking with a token
     budget below the context): every draw, base and with its faults applied, must be a
     configuration the engine takes."""
     cal = generate.Calibration(10.0, 0.05, 0.2, 0.01, 2e-4, 0.03, 0.01)
+    # kv-too-small's pool at its floor, the smallest the generator sets (the model's
+    # threshold pool costs ~1 s a draw; its own tests are in test_diagnosis_kv_model.py)
+    monkeypatch.setattr(generate, "_threshold_pool", lambda loop: loop.longest + 1)
     for d in DRAWS + [generate.draw(1, i) for i in range(500)]:
         scenario, _ = generate.build(d, cal)
         scenario.options().engine.engine_config()  # raises ConfigError when refused

@@ -35,6 +35,7 @@ from perfdiag.probes.faults import FaultOptions
 from perfdiag.probes.workload import PrefixSpec
 from perfdiag.traces.environment import machine_cores
 
+from .kv_model import ClosedLoop, threshold_pool
 from .scenarios import HEALTHY, Scenario, _closed, _len, _open
 
 USER_PROBES = {"device_sampling": True}  # perfdiag run's default
@@ -182,9 +183,11 @@ CLASSES: tuple[FaultClass, ...] = (
         "kv-too-small",
         "preemption-storm",
         0.1,
-        "KV demand / pool",
-        "demand = clients × blocks of a mean-length request at its end; preemption starts "
-        "when the running requests outgrow the pool: fires at demand = pool",
+        "the pool at which the model predicts 0.1 preemptions per request / the pool",
+        "a Monte-Carlo of the engine's block accounting (kv_model.py: k clients from one "
+        "start, uniform lengths, admission's reserve, the latest admitted preempted and "
+        "recomputed at its length, the run's requests): the largest pool with a mean of "
+        "≥ 0.1 preemptions per request",
         "closed",
         "kv lengths clients max_seqs",
         span=(0.5, 2.5),
@@ -504,10 +507,7 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
             engine["prefix_cache"] = False
             rel = spread * (length // BLOCK * BLOCK) / (length + rest) / 0.2
         elif f.cls == "kv-too-small":
-            per = math.ceil((_mean(d.prompt) + _mean(d.output)) / BLOCK)
-            longest = math.ceil((d.prompt[1] + d.output[1]) / BLOCK)
-            engine["kv_blocks"] = max(longest + 1, round(clients * per / rel))
-            rel = clients * per / engine["kv_blocks"]
+            rel = math.nan  # below: the pool depends on prompts another fault may lengthen
         elif f.cls == "neighbour":
             neighbours = kn["per_core"]
             rel = relative_of(f, d, cal)
@@ -515,6 +515,9 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
             engine["router"] = "weighted:{},{}".format(*kn["weights"])
             rel = relative_of(f, d, cal)
         rels.append(rel)
+    for i, f in enumerate(d.faults):
+        if f.cls == "kv-too-small":
+            rels[i] = _kv_pool(d, engine, prefix, f.relative)
     arrival = (_closed(clients) if d.loop == "closed" else
                _open(rate, cap=cap, process=process, burstiness=burst))  # fmt: skip
     requests = d.requests
@@ -534,6 +537,40 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
     # another process's load from the engine's own (without it a neighbour is invisible).
     return Scenario(name, cause or "nothing", expected, engine=engine, workload=workload,
                     faults=fo, neighbours=neighbours, probes=USER_PROBES), rels  # fmt: skip
+
+
+def kv_loop(d: Draw, engine: dict, prefix: PrefixSpec | None) -> ClosedLoop:
+    """The closed loop the kv-too-small model simulates: the draw's clients, lengths (a
+    shared prefix lengthens every prompt) and the engine's limits."""
+    extra = prefix.length if prefix else 0
+    return ClosedLoop(
+        clients=int(d.load), requests=d.requests, block=BLOCK,
+        prompt=(d.prompt[0] + extra, d.prompt[1] + extra), output=d.output,
+        max_seqs=engine["max_seqs"], budget=engine["max_batched_tokens"],
+        chunk=engine.get("chunk_size"),
+    )  # fmt: skip
+
+
+def _kv_pool(d: Draw, engine: dict, prefix: PrefixSpec | None, rel: float) -> float:
+    """Set the pool `rel` times smaller than the one at the rule's threshold; the relative
+    magnitude of the pool set. The label was clients × a mean request's blocks at its
+    final length, which overstates occupancy: the running requests are at all ages at once
+    and admission holds requests back before the pool runs out (dev runs labelled ×1.07,
+    ×1.17, ×1.23 preempted 0.00-0.13 per request; the model put them at 0.96-0.99)."""
+    loop = kv_loop(d, engine, prefix)
+    at = _threshold_pool(loop)
+    engine["kv_blocks"] = max(loop.longest + 1, round(at / rel))
+    return at / engine["kv_blocks"]
+
+
+_THRESHOLD_POOLS: dict[ClosedLoop, int] = {}
+
+
+def _threshold_pool(loop: ClosedLoop) -> int:
+    """kv_model.threshold_pool, once per loop (~0.5 s; build runs once per workload seed)."""
+    if loop not in _THRESHOLD_POOLS:
+        _THRESHOLD_POOLS[loop] = threshold_pool(loop)
+    return _THRESHOLD_POOLS[loop]
 
 
 _CALIBRATIONS: dict[str, Calibration] = {}
