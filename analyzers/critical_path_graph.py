@@ -60,7 +60,14 @@ class Graph:
     resource: np.ndarray  # per activity: "pid P tid T" or "gpu D stream S" (object)
     blocking: np.ndarray  # per activity: a call's return that waited for the device
     n_cpu: int
-    order: np.ndarray  # the nodes in a topological order
+
+    @property
+    def order(self) -> np.ndarray:
+        """Every node in a topological order (replay_each's; a replay orders only the
+        nodes it visits one by one, `order_of`)."""
+        if "_order" not in self.__dict__:
+            self.__dict__["_order"] = _topological(self.time, self.preds)
+        return self.__dict__["_order"]
 
     @property
     def source(self) -> int:
@@ -110,8 +117,7 @@ def build(df: pd.DataFrame) -> Graph:
     every = slice(None)
     name = np.r_[_names(seg["name"], every), _names(gpu["name"], every)]
     resource = np.r_[_names(seg["resource"], every), _names(gpu["resource"], every)]
-    return Graph(time, preds, weights, kinds, binding, name, cls, resource, blocking, n_cpu,
-                 _topological(time, preds))  # fmt: skip
+    return Graph(time, preds, weights, kinds, binding, name, cls, resource, blocking, n_cpu)
 
 
 def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
@@ -412,14 +418,41 @@ def _topological(time, preds) -> np.ndarray:
         p = preds[:, c]
         same[:, c] = (p >= 0) & (time[np.maximum(p, 0)] == time)
     rows = np.flatnonzero(same.any(axis=1))  # only these can have a depth
-    same, p = same[rows], np.maximum(preds[rows], 0)
+    depth = _depths(time, preds, rows)
+    return np.lexsort((depth, time)).astype(np.int32 if len(time) < 2**31 else np.int64)
+
+
+def _depths(time, preds, rows) -> np.ndarray:
+    """Per node, the length of its longest chain of equal-time edges back, worked out over
+    `rows` (every other node: 0), which hold every equal-time predecessor of their own."""
+    p = np.maximum(preds[rows], 0)
+    same = (preds[rows] >= 0) & (time[p] == time[rows][:, None])
     depth = np.zeros(len(time), np.int64)
     for _ in range(len(rows)):
         new = np.where(same, depth[p] + 1, 0).max(axis=1)
         if np.array_equal(new, depth[rows]):
             break
         depth[rows] = new
-    return np.lexsort((depth, time)).astype(np.int32 if len(time) < 2**31 else np.int64)
+    return depth
+
+
+def order_of(time, preds, nodes: np.ndarray) -> np.ndarray:
+    """`nodes` (ascending) in `_topological`'s order, from their own equal-time ancestors
+    alone: a replay visits ~4 % of a training trace's nodes one by one, and ordering all
+    950k of a 412k-event trace cost ~0.1 s and ~40 MB."""
+    seen = np.zeros(len(time), bool)
+    seen[nodes] = True
+    members, frontier = [nodes], nodes
+    while len(frontier):  # the nodes' equal-time predecessors, theirs, and so on
+        p = preds[frontier]
+        same = (p >= 0) & (time[np.maximum(p, 0)] == time[frontier][:, None])
+        up = np.unique(p[same])
+        frontier = up[~seen[up]]
+        seen[frontier] = True
+        members.append(frontier)
+    rows = np.concatenate(members)
+    depth = _depths(time, preds, rows)
+    return nodes[np.lexsort((depth[nodes], time[nodes]))]
 
 
 def replay(g: Graph, weights: np.ndarray | None = None) -> np.ndarray:
@@ -437,7 +470,9 @@ def _replayer(g: Graph) -> Replay:
     """The graph's chain structure, worked out on its first replay and kept."""
     r = g.__dict__.get("_replay")
     if r is None:
-        r = g.__dict__["_replay"] = Replay(g.time, g.preds, g.order)
+        r = g.__dict__["_replay"] = Replay(
+            g.time, g.preds, lambda nodes: order_of(g.time, g.preds, nodes)
+        )
     return r
 
 

@@ -21,7 +21,8 @@ _BLOCK = 1 << 17
 class Replay:
     """A graph's chain structure, worked out once for all its replays."""
 
-    def __init__(self, time: np.ndarray, preds: np.ndarray, order: np.ndarray):
+    def __init__(self, time: np.ndarray, preds: np.ndarray, order_of):
+        """`order_of(nodes)`: those nodes (ascending) in a topological order."""
         n = len(time)
         src = n - 1
         idx = np.arange(n)
@@ -40,7 +41,7 @@ class Replay:
         self.nodes = np.flatnonzero(key)
         slot = np.full(n, -1, ids)
         slot[self.nodes] = np.arange(len(self.nodes))
-        self.key = order[key[order] & (order != src)]  # topological
+        self.key = order_of(self.nodes[:-1])  # topological (the source is last: not it)
         self.p0_chain = self.chain[self.key]
         a = np.where(self.p0_chain, self.anchor[np.maximum(p0[self.key], 0)], src)
         self.a = a

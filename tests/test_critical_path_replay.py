@@ -62,3 +62,22 @@ def test_walk_by_runs_equals_node_by_node(tmp_path, cli):
         want_nodes, want_cols = _walk_each(g, sink, lo)
         assert nodes.tolist() == want_nodes and cols.tolist() == want_cols
     assert len(want_nodes) == 0 or len(_back_from(g, sink, int(g.time.min()) - 1)[0]) > 100
+
+
+def test_order_of_some_nodes_is_the_whole_orders(tmp_path, cli):
+    """A replay orders only the nodes it visits, from their equal-time ancestors: the
+    order the whole graph's topological sort gives them."""
+    cli("import", str(KINETO / "a100_alexnet_cuda_sync.json.gz"), "-o", str(tmp_path / "run"))
+    from perfdiag.analyzers.spans import timeline_spans
+    from perfdiag.traces.reader import load_run
+
+    g = cg.build(timeline_spans(load_run(tmp_path / "run")))
+    whole = g.order
+    rng = np.random.default_rng(7)
+    for share in (0.02, 0.3, 1.0):
+        nodes = np.flatnonzero(rng.random(len(g.time)) < share)
+        picked = np.zeros(len(g.time), bool)
+        picked[nodes] = True
+        assert cg.order_of(g.time, g.preds, nodes).tolist() == whole[picked[whole]].tolist()
+    # equal times do occur, so the depth tie-break is exercised
+    assert (g.time[whole][1:] == g.time[whole][:-1]).sum() > 100
