@@ -25,7 +25,8 @@ class Replay:
         """`order_of(nodes)`: those nodes (ascending) in a topological order."""
         n = len(time)
         src = n - 1
-        idx = np.arange(n)
+        ids = np.int32 if n < 2**31 else np.int64  # per-node arrays: half as large
+        idx = np.arange(n, dtype=ids)
         p0 = preds[:, 0]
         self.chain = p0 == idx - 1  # waits on the node just before it in its chain
         crossing = preds[:, 1:] >= 0
@@ -35,8 +36,9 @@ class Replay:
         # trace (a launch call's start is a plain chain node).
         key = ~self.chain | crossing.any(axis=1)
         key[src] = True
-        ids = np.int32 if n < 2**31 else np.int64  # per-node arrays kept: half as large
-        self.anchor = np.maximum.accumulate(np.where(key, idx, 0)).astype(ids)
+        self.anchor = np.where(key, idx, 0)
+        np.maximum.accumulate(self.anchor, out=self.anchor)
+        del idx
         # The loop works on the cross-linked nodes alone, numbered 0..k-1 (the source last).
         self.nodes = np.flatnonzero(key)
         slot = np.full(n, -1, ids)
