@@ -70,10 +70,13 @@ def _one(cls: str, index_from: int = 0):
 
 def test_labels_follow_from_the_knobs_by_construction():
     cal = _calibration()
-    # over-capacity: the rate is relative × 1.1 × capacity
+    # over-capacity: the rate is the drawn relative × 1.1 × capacity; the label the
+    # schedule's own rate over 1.1 × capacity (load_labels)
     d = _one("over-capacity")
     scenario, (rel,) = generate.build(d, cal)
-    assert scenario.workload["arrival"].rate == pytest.approx(rel * 1.1 * 20.0)
+    assert scenario.workload["arrival"].rate == pytest.approx(d.faults[0].relative * 1.1 * 20.0)
+    planned = generate.schedule_rate(scenario.options().workload)
+    assert rel == pytest.approx(planned / 1.1 / 20.0)
     # seq-cap: clients over the cap against 1 + 0.3/0.7 · TTFT/E2E
     d = _one("seq-cap")
     scenario, (rel,) = generate.build(d, cal)

@@ -36,6 +36,14 @@ from perfdiag.probes.workload import PrefixSpec
 from perfdiag.traces.environment import machine_cores
 
 from .kv_model import ClosedLoop, threshold_pool
+from .load_labels import (
+    base_ttft,
+    capacity,
+    over_capacity_label,
+    saturated_rate,
+    schedule_rate,
+    slow_input_label,
+)
 from .scenarios import HEALTHY, Scenario, _closed, _len, _open
 
 USER_PROBES = {"device_sampling": True}  # perfdiag run's default
@@ -84,7 +92,8 @@ CLASSES: tuple[FaultClass, ...] = (
         "over-capacity",
         0.1,
         "offered rate / measured capacity ρ",
-        "fluid queue: the wait grows by ρ − 1 s per second of sending; fires at ρ = 1 + 0.1",
+        "fluid queue: the wait grows by ρ − 1 s per second of sending; fires at ρ = 1 + 0.1; "
+        "ρ = the schedule's own rate / the completion rate with every slot full (load_labels)",
         "open",
         "rate",
     ),
@@ -113,8 +122,9 @@ CLASSES: tuple[FaultClass, ...] = (
         "slow-input",
         "slow-input",
         0.25,
-        "input delay d / (d + unloaded TTFT)",
-        "the delay is TTFT before the engine queue; fires at a share of 0.25",
+        "input delay d / (d + TTFT at the run's load)",
+        "the delay is TTFT before the engine queue; fires at a share of 0.25 of TTFT at the "
+        "run's load: its clients', plus the queue another fault makes (load_labels)",
         None,
         "input",
         span=(0.3, 2.8),
@@ -397,6 +407,8 @@ class Calibration:
     host_share: float  # host_share at capacity (NaN: not measured)
     one_steps_s: float = float("nan")  # Σ step time of the one-client run
     beside_loss: float = float("nan")  # 1 − one_steps_s / the same beside the draw's burners
+    saturated_rps: float = float("nan")  # completions/s with every slot full (load_labels)
+    ttft_full_s: float = float("nan")  # mean TTFT at max_seqs clients
 
 
 def relative_of(f: Fault, d: Draw, cal: Calibration | None) -> float:
@@ -462,7 +474,7 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
     for f in d.faults:
         rel, kn = f.relative, f.knobs
         if f.cls == "over-capacity":
-            rate = rel * 1.1 * cal.capacity_rps
+            rate = rel * 1.1 * capacity(cal)  # labelled below, at the schedule's own rate
         elif f.cls == "client-cap":
             cap = kn["cap"]
             rate = rel * threshold_in_flight(cap) / cal.e2e_s
@@ -476,7 +488,8 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
             process, burst = "gamma", 1 / ca2
         elif f.cls == "slow-input":
             m = 0.25 * rel
-            faults["input_delay_ms"] = round(1e3 * m * cal.ttft_s / (1 - m), 2)
+            # sized against TTFT at the base's own load; labelled below, at the run's
+            faults["input_delay_ms"] = round(1e3 * m * base_ttft(d, cal) / (1 - m), 3)
         elif f.cls == "host-bound":
             s0 = cal.host_share if math.isfinite(cal.host_share) else 0.0
             target = 0.4 * rel
@@ -535,8 +548,28 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
     fo = FaultOptions(**faults) if faults else None
     # Recorded as a user records by default: with the CPU sampler, which is what tells
     # another process's load from the engine's own (without it a neighbour is invisible).
-    return Scenario(name, cause or "nothing", expected, engine=engine, workload=workload,
-                    faults=fo, neighbours=neighbours, probes=USER_PROBES), rels  # fmt: skip
+    scenario = Scenario(name, cause or "nothing", expected, engine=engine, workload=workload,
+                        faults=fo, neighbours=neighbours, probes=USER_PROBES)  # fmt: skip
+    return scenario, _labels_at_load(d, cal, scenario, rels)
+
+
+def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -> list:
+    """over-capacity at the schedule's rate, slow-input at the run's TTFT (load_labels)."""
+    classes = [f.cls for f in d.faults]
+    if not {"over-capacity", "slow-input"} & set(classes):
+        return rels
+    rels = list(rels)
+    spec = scenario.options().workload
+    send_rps = schedule_rate(spec) if d.loop == "open" else float("nan")
+    if "over-capacity" in classes:
+        rels[classes.index("over-capacity")] = over_capacity_label(send_rps, cal)
+    if "slow-input" in classes:
+        send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0
+        delay = scenario.faults.input_delay_ms / 1e3
+        rels[classes.index("slow-input")] = slow_input_label(
+            d, cal, delay, dict(zip(classes, rels, strict=True)), send_s
+        )
+    return rels
 
 
 def kv_loop(d: Draw, engine: dict, prefix: PrefixSpec | None) -> ClosedLoop:
@@ -620,9 +653,18 @@ def calibrate(d: Draw, root: Path) -> Calibration:
         step_s=float(statistics.median(durn)),
         host_share=_host_share(rn),
         one_steps_s=float(dur.sum()),
+        saturated_rps=saturated_rate(_done_s(mn.per_request), clients),
+        ttft_full_s=float(mn.ttft_s.mean),
     )
     _CALIBRATIONS[key] = cal
     return cal
+
+
+def _done_s(per_request) -> list:
+    """Each measured request's completion time (s), for the saturated rate."""
+    pr = per_request[~per_request["is_warmup"]]
+    return (pr["sent_ns"].to_numpy("float64", na_value=float("nan")) / 1e9
+            + pr["e2e_s"].to_numpy("float64")).tolist()  # fmt: skip
 
 
 def _lengths(d: Draw) -> dict:

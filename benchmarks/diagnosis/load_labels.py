@@ -1,0 +1,115 @@
+"""Labels priced at the load a run will see, not at the base's unloaded speed (issue 35).
+
+Two of the generator's models read the engine's speed from its calibration, and the
+first held-out reports showed where that speed was not the run's:
+
+- over-capacity's ρ = offered / capacity. The calibration's capacity was requests over
+  the whole of a closed loop at max_seqs clients, ramp and drain included, where the
+  batch runs below the cap; an open loop above capacity keeps every slot full. Seeds
+  1000-2001: the completion rate while the calibration's slots were full was 1.03-3.9×
+  that figure, so draws labelled ×1.1-1.5 ran at ρ ≈ 1. The capacity is now the
+  completion rate over the middle of the calibration's completions (all max_seqs slots
+  full there: its measured batch is the cap), and the offered rate the schedule's own
+  (the workload seed fixes it before the run: ±1/√n around the target).
+- slow-input's share d / (d + TTFT) took TTFT unloaded (one client). A closed loop of k
+  clients shares its prefill steps (TTFT at 14 clients was 4× one client's), and a
+  second fault that queues requests adds its queue to TTFT: the same delay is then a
+  smaller share. TTFT at the run's load is the calibration's, interpolated in clients
+  between its one-client and max_seqs-client loops, plus the other fault's queue as its
+  own model prices it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+STEADY = (0.2, 0.8)  # the calibration's completions taken as steady: ramp and drain left out
+
+
+def saturated_rate(done_s: np.ndarray, slots: int) -> float:
+    """Completions per second over the middle of a closed loop's completions (`done_s`:
+    each request's completion time), where every one of its `slots` is full: the rate an
+    engine with a queue sustains. NaN when the middle holds fewer than two turnovers of
+    the slots (seed 1000's 24-request calibrations of 16 clients: the first wave's
+    completions bunch together, and such a window read 2× the rate an overloaded run
+    sustained)."""
+    done = np.sort(np.asarray(done_s, dtype=float))
+    done = done[np.isfinite(done)]
+    a, b = (int(q * len(done)) for q in STEADY)
+    if b - a < max(4, 2 * slots) or done[b] <= done[a]:
+        return float("nan")
+    return (b - a) / float(done[b] - done[a])
+
+
+def schedule_rate(spec) -> float:
+    """The rate the run's schedule offers its measured requests (a WorkloadSpec): drawn
+    from the workload seed before anything runs, so a model may use it."""
+    from perfdiag.probes.workload import plan
+
+    sends = [r.offset_s for r in plan(spec, 2) if not r.is_warmup and r.offset_s is not None]
+    if len(sends) < 2 or sends[-1] <= sends[0]:
+        return float("nan")
+    return (len(sends) - 1) / (sends[-1] - sends[0])
+
+
+def fluid_wait(rho: float, send_s: float) -> float:
+    """Mean wait of requests sent evenly over `send_s` seconds to a queue that grows by
+    ρ − 1 seconds per second (ρ > 1; none below)."""
+    return max(0.0, rho - 1) * send_s / 2
+
+
+def ttft_at_clients(k: float, one_s: float, full_s: float, full_clients: int) -> float:
+    """TTFT of a closed loop of k clients, none waiting for a slot: linear in k between the
+    one-client and the full (max_seqs-client) calibration — each client adds its prompt
+    to the steps the others' prefills run in."""
+    if not math.isfinite(full_s) or full_clients <= 1:
+        return one_s
+    k = min(max(k, 1.0), full_clients)
+    return one_s + (k - 1) / (full_clients - 1) * (full_s - one_s)
+
+
+def input_share(delay_s: float, ttft_s: float) -> float:
+    """slow-input's magnitude: the delay's share of TTFT, TTFT without the delay."""
+    return delay_s / (delay_s + ttft_s) if delay_s + ttft_s > 0 else 0.0
+
+
+def capacity(cal) -> float:
+    """The saturated completion rate where the calibration measured it, else its capacity."""
+    sat = getattr(cal, "saturated_rps", float("nan"))
+    return sat if math.isfinite(sat) and sat > 0 else cal.capacity_rps
+
+
+def base_ttft(d, cal) -> float:
+    """TTFT of the draw's base at its own load (before any fault): a closed loop's k
+    clients share prefill steps; an open loop at 20-60 % of capacity is taken unloaded."""
+    if d.loop != "closed":
+        return cal.ttft_s
+    full = d.engine["max_seqs"] * d.engine.get("dp", 1)
+    return ttft_at_clients(d.load, cal.ttft_s, getattr(cal, "ttft_full_s", math.nan), full)
+
+
+def over_capacity_label(rate_rps: float, cal) -> float:
+    """ρ / 1.1: the schedule's rate over the saturated capacity, over the rule's ρ."""
+    return rate_rps / capacity(cal) / 1.1
+
+
+def slow_input_label(d, cal, delay_s: float, rels: dict, send_s: float) -> float:
+    """The delay's share of TTFT at the run's load, over the rule's 0.25. `rels`: the
+    other faults' labels by class; `send_s`: an open loop's sending time. A cap below the
+    clients (seq-cap, cold-starvation) queues each request (k/c − 1) unloaded E2Es (the
+    seq-cap model), TTFT there runs at c clients; over-capacity's queue is the fluid
+    model's mean wait; a small chunk or budget makes its share of TTFT extra steps."""
+    ttft = base_ttft(d, cal)
+    for f in d.faults:
+        if f.cls in ("seq-cap", "cold-starvation"):
+            k, c = f.knobs["clients"], f.knobs["cap"]
+            full = d.engine["max_seqs"] * d.engine.get("dp", 1)
+            ttft = ttft_at_clients(min(k, c), cal.ttft_s, getattr(cal, "ttft_full_s", math.nan),
+                                   full) + max(0.0, k / c - 1) * cal.e2e_s  # fmt: skip
+        elif f.cls == "over-capacity":
+            ttft += fluid_wait(1.1 * rels[f.cls], send_s)
+        elif f.cls in ("chunk-too-small", "token-budget"):
+            ttft /= max(0.05, 1 - 0.15 * rels[f.cls])
+    return input_share(delay_s, ttft) / 0.25

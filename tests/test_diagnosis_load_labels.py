@@ -1,0 +1,106 @@
+"""The generator's labels priced at the run's load (benchmarks/diagnosis/load_labels.py):
+over-capacity against the saturated capacity and the schedule's own rate, slow-input
+against TTFT at the run's clients and the other fault's queue. Shapes from the kept
+runs of seeds 1000-2001 (issue 35)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+generate = importlib.import_module("benchmarks.diagnosis.generate")
+labels = importlib.import_module("benchmarks.diagnosis.load_labels")
+
+
+def _cal(**kw):
+    base = dict(capacity_rps=20.0, ttft_s=0.0022, e2e_s=0.0089, fixed_s=0.0007, token_s=4e-6,
+                step_s=0.0036, host_share=0.2)  # fmt: skip
+    return generate.Calibration(**(base | kw))
+
+
+def _closed_loop_completions(clients=8, waves=5, service_s=0.05, ramp_s=0.03):
+    """A closed loop's completion times: a slow first wave (every prompt prefilled at
+    once), full waves, then a drain whose batch shrinks."""
+    done, t, step = [], ramp_s, service_s / clients
+    for _ in range(waves - 1):
+        done += [t + (i + 1) * step for i in range(clients)]
+        t += service_s
+    drain = [t + (i + 1) * 2 * step for i in range(clients)]  # half the batch, half the rate
+    return np.array(done + drain)
+
+
+def test_the_saturated_rate_leaves_ramp_and_drain_out():
+    done = _closed_loop_completions()
+    whole = len(done) / done.max()  # what the calibration used to call capacity
+    steady = labels.saturated_rate(done, 8)
+    assert steady == pytest.approx(8 / 0.05, rel=0.05)  # full waves: 8 per 50 ms
+    assert whole < 0.85 * steady
+    # too few turnovers of the slots in the middle to call it steady
+    assert np.isnan(labels.saturated_rate(done[:5], 8))
+    assert np.isnan(labels.saturated_rate(done, 16))
+
+
+def test_over_capacity_is_labelled_at_the_schedules_rate_over_the_saturated_capacity():
+    d = next(generate.draw(0, i) for i in range(500)
+             if [f.cls for f in generate.draw(0, i).faults] == ["over-capacity"])  # fmt: skip
+    cal = _cal(capacity_rps=57.7, saturated_rps=74.9)  # g2001-0028's calibration
+    scenario, (rel,) = generate.build(d, cal)
+    assert scenario.workload["arrival"].rate == pytest.approx(d.faults[0].relative * 1.1 * 74.9)
+    planned = labels.schedule_rate(scenario.options().workload)
+    assert rel == pytest.approx(planned / 74.9 / 1.1)
+    # the schedule's own rate: what the run offers, within ±1/√n of the target
+    n = scenario.workload["requests"]
+    assert abs(planned / scenario.workload["arrival"].rate - 1) < 4 / np.sqrt(n)
+    # without a saturated rate (an old calibration) the capacity stands in
+    scenario, (old,) = generate.build(d, _cal(capacity_rps=57.7))
+    assert old == pytest.approx(labels.schedule_rate(scenario.options().workload) / 57.7 / 1.1)
+
+
+def _slow_input(d_loop="closed", clients=14.0, max_seqs=16, others=()):
+    d = next(generate.draw(0, i) for i in range(500)
+             if [f.cls for f in generate.draw(0, i).faults] == ["slow-input"])  # fmt: skip
+    engine = dict(d.engine, max_seqs=max_seqs, dp=1)
+    return dataclasses.replace(d, loop=d_loop, load=clients, engine=engine,
+                               faults=d.faults + tuple(others))  # fmt: skip
+
+
+def test_a_closed_loops_slow_input_is_sized_and_labelled_at_its_clients_ttft():
+    # g2000-0031: 14 clients of a 16 cap; one client's TTFT 2.2 ms, TTFT at the loop's
+    # load ~7.5 ms. Sized against one client's, a ×1.37 delay read ×0.58.
+    cal = _cal(ttft_full_s=0.008)
+    d = _slow_input()
+    scenario, (rel,) = generate.build(d, cal)
+    delay = scenario.faults.input_delay_ms / 1e3
+    ttft_k = 0.0022 + 13 / 15 * (0.008 - 0.0022)
+    assert delay / (delay + ttft_k) == pytest.approx(0.25 * d.faults[0].relative, rel=1e-2)
+    assert rel == pytest.approx(d.faults[0].relative, rel=1e-2)
+    # one client: TTFT unloaded, as before
+    scenario, (rel1,) = generate.build(_slow_input(clients=1.0), cal)
+    delay1 = scenario.faults.input_delay_ms / 1e3
+    assert delay1 / (delay1 + 0.0022) == pytest.approx(0.25 * rel1, rel=1e-2)
+
+
+def test_slow_input_beside_a_queue_is_a_smaller_share_of_ttft():
+    cal = _cal(ttft_full_s=0.004, e2e_s=0.028)
+    # g1000-0120: 6 clients under a cap of 3 (cold-starvation): each waits ~1 E2E
+    starve = generate.Fault("cold-starvation", 1.5, {"cap": 3, "clients": 6})
+    d = _slow_input(clients=6.0, max_seqs=32, others=(starve,))
+    delay = 0.00293
+    rel = labels.slow_input_label(d, cal, delay, {"slow-input": 0, "cold-starvation": 1.5}, 0)
+    ttft = 0.0022 + 2 / 31 * (0.004 - 0.0022) + (6 / 3 - 1) * 0.028
+    assert rel == pytest.approx(delay / (delay + ttft) / 0.25)
+    assert rel < 0.5  # measured ×0.30 where the old label said ×2.42
+    # g2000-0058: an open loop at ρ = 1.92 for 0.37 s: the fluid queue's mean wait
+    over = generate.Fault("over-capacity", 1.75)
+    d = _slow_input(d_loop="open", clients=0.5, others=(over,))
+    rel = labels.slow_input_label(d, cal, 0.00194, {"over-capacity": 1.75}, 0.37)
+    wait = (1.1 * 1.75 - 1) * 0.37 / 2
+    assert rel == pytest.approx(0.00194 / (0.00194 + 0.0022 + wait) / 0.25)
+    assert rel < 0.1
