@@ -24,9 +24,13 @@ micro-batches of whole requests as the engine cuts them; a micro-batch of n toke
 the slowest stage c(n) = max(a, b·n) — at least a (its small micro-batches' median:
 reading the stage's weights, per-call overheads), b per token once its tokens outweigh
 that (its large micro-batches' median per token: a roofline's two regimes) — and the
-step takes Σ c + (p − 1)·max c + p·h (GPipe with equal stages; h the median exposed
-transfer per hop). More micro-batches shrink the fill and drain but, once a micro-batch
-drops to the floor a or one request fills it, only add floors and hops. The layer move
+step takes GPipe's window with equal stages plus p·h (h the median exposed transfer per
+hop): Σ c + (p − 1)·max c when overlapped stages compute as fast as alone, else with the
+overlapped part slowed by the contention factor k (analyzers/pipeline_overlap.py: measured
+from the run's spans, or from the cores the stages need; a and b are fitted on the spans'
+durations as a stage alone would have taken them). More micro-batches shrink the fill and
+drain but, once a micro-batch drops to the floor a or one request fills it, only add
+floors and hops, and with k > 1 slow every overlapped stage. The layer move
 that best evens the stages (each stage's per-layer cost measured as its compute / its
 layers) and its predicted forward time.
 
@@ -42,6 +46,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from . import pipeline_overlap as overlap
+from .pipeline_overlap import LARGE_TOKENS, SMALL_TOKENS, Contention
 from .run_config import section
 
 STAGE_COLUMNS = ["stage", "layers", "compute_ns", "share", "per_layer_ns", "recv_wait_ns",
@@ -66,6 +72,8 @@ class PipelineSummary(NamedTuple):
     hop_ns: float = 0.0  # h: median exposed transfer of one hop
     tokens_per_step: float = 0.0  # T (median)
     step_requests: tuple = ()  # per step, each request's tokens (from the steps table)
+    contention: Contention = Contention(1.0, "assumed")  # overlapped stages' slowdown k
+    steps_ns: int = 0  # Σ step wall time (the steps table; 0: not recorded)
 
 
 def pipeline_spans(run) -> pd.DataFrame:
@@ -172,7 +180,10 @@ def summarize(run) -> PipelineSummary | None:
     )  # fmt: skip
     slowest = int(by_stage.to_numpy().argmax())
     reqs = comp[(comp["stage"] == 0).to_numpy()].groupby("step_id")["microbatch"].count()
-    a, b = _microbatch_cost(comp[(comp["stage"] == slowest).to_numpy()])
+    f = overlap.overlap_fraction(comp)
+    cont = overlap.contention(run, comp, f, df, p)
+    alone = comp.assign(end_ns=comp["start_ns"] + overlap.isolated_ns(comp, f, cont.k))
+    a, b = _microbatch_cost(alone[(alone["stage"] == slowest).to_numpy()])
     tokens = comp[(comp["stage"] == 0).to_numpy()].groupby("step_id")["tokens"].sum()
     return PipelineSummary(
         stages=p,
@@ -192,7 +203,16 @@ def summarize(run) -> PipelineSummary | None:
         hop_ns=float(rx["transfer_ns"].median()) if len(rx) else 0.0,
         tokens_per_step=float(tokens.median()) if len(tokens) else 0.0,
         step_requests=_step_requests(run, tokens),
+        contention=cont,
+        steps_ns=_steps_ns(run),
     )
+
+
+def _steps_ns(run) -> int:
+    st = run.steps
+    if not len(st) or not {"start_ns", "end_ns"} <= set(st.columns):
+        return 0
+    return int((st["end_ns"] - st["start_ns"]).clip(lower=0).sum())
 
 
 def _step_requests(run, tokens: pd.Series) -> tuple:
@@ -227,10 +247,6 @@ def split_sizes(sizes: tuple, m: int) -> list[int]:
     return [sum(sizes[a:b]) for a, b in itertools.pairwise(cuts)]
 
 
-# A micro-batch of at most this many tokens shows the floor; of at least LARGE, the slope.
-SMALL_TOKENS, LARGE_TOKENS = 8, 64
-
-
 def _microbatch_cost(comp: pd.DataFrame) -> tuple[float, float]:
     """(floor ns per micro-batch, ns per token above it) of one stage, from its compute
     spans: the floor is its small micro-batches' median time (0 without any), the slope its
@@ -248,12 +264,14 @@ def _microbatch_cost(comp: pd.DataFrame) -> tuple[float, float]:
 def predicted_window(s: PipelineSummary, m: int) -> float:
     """The pipelined time of the run's steps cut into m micro-batches (the module's
     docstring has the model)."""
-    total = 0.0
+    total, seen = 0.0, {}
     for sizes in s.step_requests:
         if not sizes:
             continue
-        c = [max(s.mb_fixed_ns, s.ns_per_token * n) for n in split_sizes(sizes, m)]
-        total += sum(c) + (s.stages - 1) * max(c) + s.stages * s.hop_ns
+        if sizes not in seen:  # decode steps repeat
+            c = [max(s.mb_fixed_ns, s.ns_per_token * n) for n in split_sizes(sizes, m)]
+            seen[sizes] = overlap.makespan(c, s.stages, s.contention.k) + s.stages * s.hop_ns
+        total += seen[sizes]
     return total
 
 
@@ -279,6 +297,8 @@ def microbatch_advice(s: PipelineSummary) -> MicrobatchAdvice:
     requests) whose predicted window is within 5 % of the shortest, and what it predicts."""
     cap = max(int(s.median_requests), 1)
     now = max(round(s.microbatches), 1)
+    if s.contention.blocked:  # the stages would share cores: no count is priced to pay
+        return MicrobatchAdvice(now, expected_bubble(s.stages, now), 1.0)
     w = {m: predicted_window(s, m) for m in range(1, max(cap, now) + 1)}
     if w[now] <= 0:
         return MicrobatchAdvice(now, expected_bubble(s.stages, now), 1.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..analyzers import pipeline
 from ..analyzers.actions import Setting, run_action
+from ..analyzers.impact import WARNING_MEAN_GAIN, Impact
 from ..analyzers.run_config import section
 from .facts import Fact, TriageContext, Unavailable, ev, fact
 
@@ -33,37 +34,53 @@ def _common(s) -> tuple:
 
 @fact("pp_bubbles", provides=("stages", "microbatches", "asked", "requests", "bubble",
                               "expected", "transfer", "steps", "advice", "m_new",
-                              "expected_new", "ratio"))  # fmt: skip
+                              "expected_new", "ratio", "gain", "k", "overlap"))  # fmt: skip
 def pp_bubbles(ctx: TriageContext) -> Fact | Unavailable:
     """Share of the stages' time idle in the pipeline's fill and drain: the expected
     bubble (p−1)/(m+p−1) at the run's micro-batches per step (the measured bubble, which
     adds imbalance and transfers, is evidence). The advice: the micro-batch count with the
     shortest predicted step window (analyzers/pipeline.py's cost model: fill and drain
-    against the fixed cost and the hop each micro-batch adds), capped by the requests a
-    step holds; info only when no count is predicted to pay."""
+    against the fixed cost and the hop each micro-batch adds, overlapped stages slowed by
+    the contention factor k of analyzers/pipeline_overlap.py), capped by the requests a
+    step holds. Severity from the predicted gain on E2E p50 (analyzers/impact.py): info
+    when it is under 10 % — or no count is predicted to pay."""
     s = _summary(ctx)
     if s is None:
         return Unavailable(_NONE)
     adv = pipeline.microbatch_advice(s)
-    helps = adv.microbatches > s.microbatches and adv.forward_ratio < 0.98
+    # the window is the forward's part of a step: the step's host work does not shrink
+    forward = min(s.window_ns / s.steps_ns, 1.0) if s.steps_ns else 1.0
+    better = adv.microbatches > s.microbatches and adv.forward_ratio < 0.98
+    gain = (1.0 - adv.forward_ratio) * forward if better else 0.0  # only more are advised
+    helps = better and gain >= WARNING_MEAN_GAIN
+    overlap = s.contention.describe(s.stages)
     cost = (f"a micro-batch costs the slowest stage at least {s.mb_fixed_ns / 1e6:.2f} ms, "
             f"{s.ns_per_token / 1e3:.0f} µs per token above that, and {s.hop_ns / 1e6:.2f} ms "
-            f"per hop; {s.tokens_per_step:.0f} tokens per step")  # fmt: skip
-    advice = ""
+            f"per hop; {s.tokens_per_step:.0f} tokens per step; {overlap}")  # fmt: skip
+    priced = (f"{adv.microbatches} micro-batches (now {s.microbatches_asked}; "
+              f"{s.microbatches:g} per step ran): fill and drain fall from "
+              f"{s.expected_bubble:.0%} to {adv.expected_bubble:.0%} of the stages' time; "
+              f"predicted forward time per step ×{adv.forward_ratio:.2f}, E2E "
+              f"{-gain:+.0%} ({cost})")  # fmt: skip
     if helps:
-        advice = (f"Set --pp-microbatches {adv.microbatches} (now {s.microbatches_asked}; "
-                  f"{s.microbatches:g} per step ran): fill and drain fall from "
-                  f"{s.expected_bubble:.0%} to {adv.expected_bubble:.0%} of the stages' time; "
-                  f"predicted forward time per step ×{adv.forward_ratio:.2f} "
-                  f"({adv.forward_ratio - 1:+.0%}; {cost}).")  # fmt: skip
+        advice = f"Set --pp-microbatches {adv.microbatches}: {priced}."
+    elif better:
+        advice = (f"More micro-batches are not predicted to pay enough to advise: {priced}; "
+                  f"under the {WARNING_MEAN_GAIN:.0%} of E2E an advice must be predicted to "
+                  f"gain.")  # fmt: skip
+    elif s.contention.blocked:
+        advice = (f"More micro-batches are not predicted to pay on this host: {overlap}. "
+                  f"Give each stage cores of its own (a larger host, fewer torch threads per "
+                  f"stage, a GPU per stage) or use fewer stages (--pp "
+                  f"{max(1, s.stages // 2)}).")  # fmt: skip
     elif s.microbatches >= s.median_requests:
         advice = (f"A step holds {s.median_requests:g} requests (median) and a micro-batch "
                   f"whole requests: more micro-batches need more requests in flight (a "
                   f"higher --concurrency or --max-seqs), or fewer stages (--pp "
                   f"{max(1, s.stages // 2)}).")  # fmt: skip
     else:
-        advice = (f"More micro-batches are not predicted to pay here: {cost}, which more "
-                  f"micro-batches pay more often than the fill and drain they save; "
+        advice = (f"More micro-batches are not predicted to pay here: {cost}; more "
+                  f"micro-batches pay these more often than the fill and drain they save; "
                   f"fewer stages (--pp {max(1, s.stages // 2)}) or larger batches per "
                   f"step.")  # fmt: skip
     evidence = (
@@ -72,14 +89,18 @@ def pp_bubbles(ctx: TriageContext) -> Fact | Unavailable:
         ev("m_new", "micro-batches advised", adv.microbatches),
         ev("expected_new", "fill and drain then", adv.expected_bubble, "%"),
         ev("ratio", "predicted forward time then / now", adv.forward_ratio, "×"),
+        ev("gain", "predicted E2E saved then", gain, "%"),
+        ev("k", f"overlapped stage compute / alone ({s.contention.model})", s.contention.k, "×"),
+        ev("overlap", "contention model", f"{s.contention.model}: {overlap}"),
     )
     action = None
     if helps:
         action = run_action("e2e.p50", Setting("engine.pp_microbatches", s.microbatches_asked,
                                                adv.microbatches),
                             expect=f"forward time per step ×{adv.forward_ratio:.2f}")  # fmt: skip
+    severity = Impact(gain, gain, target="e2e.p50", target_gain=gain).max_severity
     return Fact(s.expected_bubble, evidence, impact=s.expected_bubble, action=action,
-                max_severity=None if helps else "info")  # fmt: skip
+                max_severity=severity if helps else "info")  # fmt: skip
 
 
 @fact("pp_stage_imbalance", provides=("stages", "microbatches", "asked", "requests", "bubble",

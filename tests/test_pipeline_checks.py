@@ -28,7 +28,8 @@ def test_too_few_microbatches_fire_with_a_priced_count():
     # Σ c + max c = 10 + 10/m ms, shortest at m = 8 (11.25 ms), 0.5625 of m = 1's 20
     assert _value(fact, "m_new") == 8
     assert "--pp-microbatches 8" in _value(fact, "advice") and "×0.56" in _value(fact, "advice")
-    assert fact.action.flags == "--pp-microbatches 8" and fact.max_severity is None
+    # E2E 44 % shorter predicted (no steps table: the window is the whole step)
+    assert fact.action.flags == "--pp-microbatches 8" and fact.max_severity == "warning"
 
 
 def test_a_fixed_cost_per_microbatch_keeps_the_count_down():
@@ -94,11 +95,14 @@ def test_pp_run_triage_prices_the_bubbles(cli, tmp_path):
     triage = run_triage(TriageContext(load_run(out)))
     pp = [f for f in triage.findings if f.check == "pp-bubbles"]
     assert pp and pp[0].value == 0.5
-    # tiny's micro-batches cost their floor (a few tokens each): the advice says whether
-    # more pay, and only a count that pays is an action above info
+    # tiny's micro-batches cost their floor (a few tokens each), and at one micro-batch
+    # the cores decide the contention (2 stages of 1 thread each on this 2-core host need
+    # them all): the advice says whether more pay, and only a count predicted to gain
+    # ≥ 10 % is an action above info
     advice = pp[0].recommendations[0]
+    assert "cores" in advice + pp[0].explanation
     if pp[0].action is not None:
-        assert "--pp-microbatches" in advice and pp[0].severity == "critical"
+        assert "--pp-microbatches" in advice and pp[0].severity in ("warning", "critical")
     else:
         assert "not predicted to pay" in advice and pp[0].severity == "info"
     scaling = next(o for s in triage.steps for o in s.checks if o.check == "pp-scaling")
@@ -117,9 +121,15 @@ def test_tp_scaling_leaves_a_pipeline_run_to_pp_scaling():
 
 
 def test_an_uneven_split_names_the_layers_to_move(cli, tmp_path):
-    """small's 8 layers as 2 + 6: stage 1 is the slow one and the advice moves its first
-    layers to stage 0, towards 4 + 4."""
+    """small's 8 layers as 2 + 6: the advice moves layers from the slower stage to the
+    other, towards 4 + 4. Which stage is slower, and by how much, is measured: under load
+    a stage's compute can stretch (a fresh-clone CI once measured it so), so the test holds
+    the advice to what the model guarantees from the measured costs: the slowest stage
+    named and the move the measured per-layer costs give; and when stage 0's layers do
+    not measure 1.5× as costly as stage 1's (they are the same layers), 2 or 3 layers from
+    stage 1 to stage 0."""
     from perfdiag import load_run
+    from perfdiag.analyzers import pipeline as P
     from perfdiag.playbooks.evaluate import run_triage
 
     out = tmp_path / "run"
@@ -128,11 +138,24 @@ def test_an_uneven_split_names_the_layers_to_move(cli, tmp_path):
             "--no-device-sampling")  # fmt: skip
     result = cli("run", *args, "--pp", "2", "--pp-layers", "2,6", "--out", out)
     assert result.returncode == 0, result.stderr
-    triage = run_triage(TriageContext(load_run(out)))
+    run = load_run(out)
+    s = P.summarize(run)
+    per = s.per_stage["per_layer_ns"].to_numpy()
+    costs = f"per layer {per / 1e6} ms, per stage {s.per_stage['compute_ns'].to_numpy() / 1e6} ms"
+    triage = run_triage(TriageContext(run))
     f = next(f for f in triage.findings if f.check == "pp-stage-imbalance")
-    assert f.severity in ("warning", "critical") and "Stage 1" in f.title
+    assert f"Stage {s.slowest_stage}" in f.title, costs
+    if per[0] >= 1.5 * per[1]:  # load stretched stage 0: the advice is the measured costs'
+        move = P.layer_move(s, P.stage_layers(run, 2))
+        assert (f.action is None) == (move is None), costs
+        if move is not None:
+            assert f.action.settings[0].to == ",".join(map(str, move.new_split)), costs
+        return
+    # stage 1 then computes over 2× stage 0 (6 layers against 2): critical, and 2 or 3 of
+    # its layers move (1 only when stage 0's layer costs 1.5× stage 1's)
+    assert f.severity in ("warning", "critical") and s.slowest_stage == 1, costs
     setting = f.action.settings[0]
     assert setting.option == "engine.pp_layers" and setting.now == "2,6"
     first, second = (int(n) for n in setting.to.split(","))
-    assert 3 <= first <= 5 and first + second == 8
+    assert 3 <= first <= 5 and first + second == 8, costs
     assert f"Move layer{'s' if first > 3 else ''} 2" in f.recommendations[0]
