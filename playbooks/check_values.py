@@ -44,7 +44,7 @@ FACT_MEASURES: dict[str, Measure] = {
     "sent_below_plan": Measure("sent rate below the client's plan", "%"),
     "burst_queueing": Measure("TTFT queued because of bursts", "%"),
     "schedule_vs_target": Measure("drawn schedule's rate off the target", "%"),
-    "littles_law_gap": Measure("Little's law gap (|λ·W − L| / L)", "%"),
+    "littles_law_gap": Measure("Little's law gap beyond the window's edges", "%"),
     # step 3
     "ttft_part_share": Measure("TTFT in {part}", "%"),
     "ttft_overhead": Measure("TTFT that is not the request's own prefill", "%"),
