@@ -55,7 +55,6 @@ from dataclasses import dataclass
 
 from ..engine_ref.hooks import (
     EngineObserver,
-    PhaseEvent,
     RequestEvent,
     RequestEventKind,
     StepBegin,
@@ -157,9 +156,29 @@ def spend(seconds: float, busy: bool) -> None:
         pass
 
 
+def _forwarding(cls):
+    """Give `cls` a forwarder to `self.inner` for every hook of the observer protocol
+    (EngineObserver's methods) that it does not define itself, so that a hook added to the
+    protocol later reaches the wrapped observer too: the base's no-op would drop it."""
+
+    def forwarder(name: str):
+        def forward(self, *args, **kwargs):
+            return getattr(self.inner, name)(*args, **kwargs)
+
+        forward.__name__ = forward.__qualname__ = name
+        return forward
+
+    for name, member in vars(EngineObserver).items():
+        if callable(member) and not name.startswith("_") and name not in vars(cls):
+            setattr(cls, name, forwarder(name))
+    return cls
+
+
+@_forwarding
 class FaultObserver(EngineObserver):
     """Forwards every hook to `inner` first (its timestamps are already taken), then
-    spends the fault's time, so the engine's next timestamp comes after it."""
+    spends the fault's time, so the engine's next timestamp comes after it. Hooks it
+    does not define are forwarded as they are (`_forwarding`)."""
 
     def __init__(self, inner: EngineObserver, faults: FaultOptions):
         self.inner, self.faults = inner, faults
@@ -179,24 +198,9 @@ class FaultObserver(EngineObserver):
         self.inner.on_step_begin(event)
         spend(self.faults.schedule_delay_ms * 1e-3, self.faults.busy)
 
-    def on_phase(self, event: PhaseEvent) -> None:
-        self.inner.on_phase(event)
-
-    def on_spec_decode(self, events) -> None:  # an EngineObserver no-op unless forwarded
-        self.inner.on_spec_decode(events)
-
-    def on_kv_offload(self, restores, counts) -> None:  # likewise
-        self.inner.on_kv_offload(restores, counts)
-
-    def on_pipeline_stages(self, events) -> None:  # likewise
-        self.inner.on_pipeline_stages(events)
-
     def on_step(self, event: StepEvent) -> None:
         self.inner.on_step(event)
         spend(self.faults.step_gap_ms * 1e-3, self.faults.busy)
-
-    def on_close(self) -> None:
-        self.inner.on_close()
 
 
 BURN_PERIOD_S = 0.01  # a duty-cycled burner's period: a few scheduler slices
