@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import sys
 from pathlib import Path
 
@@ -104,3 +105,21 @@ def test_slow_input_beside_a_queue_is_a_smaller_share_of_ttft():
     wait = (1.1 * 1.75 - 1) * 0.37 / 2
     assert rel == pytest.approx(0.00194 / (0.00194 + 0.0022 + wait) / 0.25)
     assert rel < 0.1
+
+
+def test_a_small_chunk_beside_a_cap_queue_is_a_smaller_share_of_ttft():
+    # g2000-0099: cold-starvation (6 clients, cap 3) beside a 96-token chunk labelled
+    # ×2.84 alone; its check read ×0.82-1.0, the closed loop's queue counted as the chunk's
+    cal = _cal(fixed_s=0.0014, token_s=1.2e-5, e2e_s=0.0186)
+    d = next(generate.draw(0, i) for i in range(500)
+             if [f.cls for f in generate.draw(0, i).faults] == ["chunk-too-small"])  # fmt: skip
+    alone = labels.chunk_label(d, cal, 2.84, 96, {"chunk-too-small": 2.84}, 0.0, 0.0)
+    assert alone == pytest.approx(2.84)  # alone: the draw's own model, unchanged
+    starve = generate.Fault("cold-starvation", 1.5, {"cap": 3, "clients": 6})
+    pair = dataclasses.replace(d, faults=(*d.faults, starve))
+    rel = labels.chunk_label(pair, cal, 2.84, 96, {"chunk-too-small": 2.84}, 0.0, 0.0)
+    p = sum(d.prompt) / 2
+    ttft = p * 1.2e-5 + math.ceil(p / 96) * 0.0014
+    over = 0.15 * 2.84 * ttft
+    assert rel == pytest.approx(2 * over / (ttft + (2 - 1) * (0.0186 + over)) / 0.15)
+    assert rel < 2.84 / 1.5

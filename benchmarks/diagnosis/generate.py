@@ -39,6 +39,7 @@ from .kv_model import ClosedLoop, threshold_pool
 from .load_labels import (
     base_ttft,
     capacity,
+    chunk_label,
     over_capacity_label,
     saturated_rate,
     schedule_rate,
@@ -554,9 +555,10 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
 
 
 def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -> list:
-    """over-capacity at the schedule's rate, slow-input at the run's TTFT (load_labels)."""
+    """over-capacity at the schedule's rate; slow-input, and chunk-too-small beside another
+    fault, at the run's TTFT (load_labels)."""
     classes = [f.cls for f in d.faults]
-    if not {"over-capacity", "slow-input"} & set(classes):
+    if not {"over-capacity", "slow-input"} & set(classes) and len(classes) < 2:
         return rels
     rels = list(rels)
     spec = scenario.options().workload
@@ -569,6 +571,12 @@ def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -
         rels[classes.index("slow-input")] = slow_input_label(
             d, cal, delay, dict(zip(classes, rels, strict=True)), send_s
         )
+    if "chunk-too-small" in classes and len(classes) == 2:
+        i = classes.index("chunk-too-small")
+        delay = scenario.faults.input_delay_ms / 1e3 if scenario.faults else 0.0
+        send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0
+        rels[i] = chunk_label(d, cal, rels[i], scenario.engine["chunk_size"],
+                              dict(zip(classes, rels, strict=True)), send_s, delay)  # fmt: skip
     return rels
 
 

@@ -113,3 +113,26 @@ def slow_input_label(d, cal, delay_s: float, rels: dict, send_s: float) -> float
         elif f.cls in ("chunk-too-small", "token-budget"):
             ttft /= max(0.05, 1 - 0.15 * rels[f.cls])
     return input_share(delay_s, ttft) / 0.25
+
+
+def chunk_label(d, cal, rel: float, chunk: int, rels: dict, send_s: float, delay_s: float):
+    """chunk-too-small's share at the run's TTFT, over the rule's 0.15. Alone its model is
+    (n − 1)·F / (P·a + n·F); another fault's queue or delay adds to the TTFT the extra
+    steps are a share of. Under a cap below the clients each request also waits (k/c − 1)
+    services for the slots, and the extra steps lengthen every service: the check counts
+    that queue as the chunk's (its closed-loop factor), so the overhead counts k/c times
+    (g2000-0099: ×2.84 alone, ×0.82-1.0 measured beside cold-starvation's queue)."""
+    p = sum(d.prompt) / 2
+    n = math.ceil(p / max(chunk, 1))
+    ttft = p * cal.token_s + n * cal.fixed_s  # the model's TTFT with the small chunk
+    over = 0.15 * rel * ttft  # the extra steps' cost per request
+    times = 1.0
+    for f in d.faults:
+        if f.cls in ("seq-cap", "cold-starvation"):
+            times = max(1.0, f.knobs["clients"] / f.knobs["cap"])
+            ttft += (times - 1) * (cal.e2e_s + over)
+        elif f.cls == "over-capacity":
+            ttft += fluid_wait(1.1 * rels[f.cls], send_s)
+        elif f.cls == "slow-input":
+            ttft += delay_s
+    return times * over / ttft / 0.15 if ttft > 0 else rel
