@@ -17,6 +17,8 @@ first held-out reports showed where that speed was not the run's:
   smaller share. TTFT at the run's load is the calibration's, interpolated in clients
   between its one-client and max_seqs-client loops, plus the other fault's queue as its
   own model prices it.
+- chunk-too-small beside another fault: the same TTFT at the run's load; under a cap
+  below the clients the check counts the queue the extra steps make as the chunk's.
 """
 
 from __future__ import annotations
