@@ -69,9 +69,13 @@ def pp_bubbles(ctx: TriageContext) -> Fact | Unavailable:
                   f"under the {WARNING_MEAN_GAIN:.0%} of E2E an advice must be predicted to "
                   f"gain.")  # fmt: skip
     elif s.contention.blocked:
-        advice = (f"More micro-batches are not predicted to pay on this host: {overlap}. "
-                  f"Give each stage cores of its own (a larger host, fewer torch threads per "
-                  f"stage, a GPU per stage) or use fewer stages (--pp "
+        c = s.contention
+        advice = (f"More micro-batches are not predicted to pay on this host: overlapped, "
+                  f"the {s.stages} stages would keep {c.need_cores:.1f} cores busy of the "
+                  f"{(c.cores or 0) - c.others_cores:.1f} free, sharing them. A run at "
+                  f"--pp-microbatches 2 measures how much slower overlapped stages "
+                  f"compute here; to gain from overlap, give each stage cores of its own (a "
+                  f"larger host, a GPU per stage) or use fewer stages (--pp "
                   f"{max(1, s.stages // 2)}).")  # fmt: skip
     elif s.microbatches >= s.median_requests:
         advice = (f"A step holds {s.median_requests:g} requests (median) and a micro-batch "
@@ -91,7 +95,7 @@ def pp_bubbles(ctx: TriageContext) -> Fact | Unavailable:
         ev("ratio", "predicted forward time then / now", adv.forward_ratio, "×"),
         ev("gain", "predicted E2E saved then", gain, "%"),
         ev("k", f"overlapped stage compute / alone ({s.contention.model})", s.contention.k, "×"),
-        ev("overlap", "contention model", f"{s.contention.model}: {overlap}"),
+        ev("overlap", f"contention ({s.contention.model})", overlap),
     )
     action = None
     if helps:

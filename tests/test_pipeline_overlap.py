@@ -121,6 +121,15 @@ def test_stages_needing_more_cores_than_the_host_has_predict_no_gain():
     assert "2.2" in text and "2 cores" in text and "not predicted to pay" in text
 
 
+def test_stages_filling_the_cores_predict_no_gain():
+    """1.9 of 2 cores (≥ 90 %): nothing is left for rank 0's host work, the OS or a
+    neighbour, which would then take a stage's core; 1.6 of 2 leaves room."""
+    assert P.summarize(_one_microbatch(0.95, 2)).contention.blocked
+    fact = F.pp_bubbles(_ctx(_one_microbatch(0.8, 2)))
+    assert not P.summarize(_one_microbatch(0.8, 2)).contention.blocked
+    assert fact.action is not None and "1.6 cores" in _value(fact, "overlap")
+
+
 def test_stages_with_cores_of_their_own_keep_the_advice():
     for run in (_one_microbatch(1.1, 8), _one_microbatch(1.1, 2, device="cuda")):
         fact = F.pp_bubbles(_ctx(run))
