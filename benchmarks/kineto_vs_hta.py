@@ -15,11 +15,13 @@ half in each), sampled every 10 ms. The tree counts when a tool runs processes o
 own: HTA's pool, perfdiag's helper that reads a large trace's tail.
 
 As the CLI is used (issue 36): whole processes, interleaved — HTA's `python -c` (its
-import and parse) against `perfdiag import TRACE -o RUN` then `perfdiag timeline RUN`
-(the critical path on, its default), each process's wall time from fork to exit
-(interpreter start and imports included) and its peak resident set (wait4's ru_maxrss:
-the largest process of its tree); the ratio per round and its median, beside the
-in-process figures, whose timeline now includes the critical path as `timeline` runs it.
+import and parse) against `perfdiag import TRACE -o RUN --timeline` (import and timeline
+in one process, as a user asks for both) and, printed apart, `perfdiag import TRACE -o
+RUN` then `perfdiag timeline RUN` (two processes); the critical path on, its default;
+each process's wall time from fork to exit (interpreter start and imports included) and
+its peak resident set (wait4's ru_maxrss: the largest process of its tree); the ratio per
+round and its median, beside the in-process figures, whose timeline includes the
+critical path as `timeline` runs it.
 
     .venv/bin/python benchmarks/kineto_vs_hta.py [--rounds 3] [--repeat 6 15] [--decoders]
 """
@@ -265,20 +267,30 @@ def run_process(argv: list, log: Path) -> tuple[float, float]:
 
 
 def compare_cli(trace: Path, hta_dir: Path, rounds: int, hta_py, tmp: Path) -> dict:
-    """HTA's parse against `perfdiag import` + `perfdiag timeline` (critical path on), each a
-    fresh process, interleaved round by round."""
+    """HTA's parse against `perfdiag import --timeline` (one process, critical path on) and
+    against `perfdiag import` then `perfdiag timeline` (two), each a fresh process,
+    interleaved round by round (the order of the three turns each round)."""
     log = tmp / "cli.log"
-    h, p, imp, tl = [], [], [], []
+    h, p, one, imp, tl = [], [], [], [], []
+    perfdiag = [sys.executable, "-m", "perfdiag"]
     for r in range(rounds):
-        h.append(run_process([hta_py, "-c", HTA_CHILD, hta_dir], log))
-        run = tmp / f"cli-{trace.stem}-{r}"
-        imp.append(run_process([sys.executable, "-m", "perfdiag", "import", trace, "-o", run], log))
-        tl.append(run_process([sys.executable, "-m", "perfdiag", "timeline", run], log))
+        run, run1 = tmp / f"cli-{trace.stem}-{r}", tmp / f"cli1-{trace.stem}-{r}"
+        for step in [("hta", "one", "two"), ("one", "two", "hta"), ("two", "hta", "one")][r % 3]:
+            if step == "hta":
+                h.append(run_process([hta_py, "-c", HTA_CHILD, hta_dir], log))
+            elif step == "one":
+                one.append(run_process([*perfdiag, "import", trace, "-o", run1, "--timeline"],
+                                       log))  # fmt: skip
+            else:
+                imp.append(run_process([*perfdiag, "import", trace, "-o", run], log))
+                tl.append(run_process([*perfdiag, "timeline", run], log))
         p.append(imp[-1][0] + tl[-1][0])
     med = statistics.median
     return {"hta_s": med(x[0] for x in h), "import_s": med(x[0] for x in imp),
             "timeline_s": med(x[0] for x in tl), "total_s": med(p),
+            "one_s": med(x[0] for x in one), "one_mb": max(x[1] for x in one),
             "paired": sorted(a[0] / b for a, b in zip(h, p, strict=True)),
+            "paired_one": sorted(a[0] / b[0] for a, b in zip(h, one, strict=True)),
             "hta_mb": max(x[1] for x in h), "import_mb": max(x[1] for x in imp),
             "timeline_mb": max(x[1] for x in tl)}  # fmt: skip
 
@@ -370,8 +382,18 @@ def main() -> None:
     print("critical path alone (in process, median): "
           + ", ".join(f"{r['trace']} {r['critical_path_s']:.2f} s" for r in rows))  # fmt: skip
     print("\nas the CLI is used — whole processes, interleaved, imports included: HTA's "
-          "`python -c` (import + parse) / `perfdiag import` + `perfdiag timeline` (critical "
-          "path on); peak RSS of each process (its tree's largest)")  # fmt: skip
+          "`python -c` (import + parse) / `perfdiag import TRACE -o RUN --timeline` (one "
+          "process, critical path on); peak RSS of each process (its tree's largest)")  # fmt: skip
+    print(f"{'trace':<18} {'events':>9} {'HTA s':>7} {'import --timeline s':>19} "
+          f"{'CLI speed-up':>12} {'HTA MB':>7} {'perfdiag MB':>11}")  # fmt: skip
+    for r in rows:
+        c = r["cli"]
+        print(f"{r['trace']:<18} {r['events']:>9,} {c['hta_s']:>7.2f} {c['one_s']:>19.2f} "
+              f"{c['hta_s'] / c['one_s']:>11.2f}x {c['hta_mb']:>7.0f} {c['one_mb']:>11.0f}  "
+              f"rounds {', '.join(f'{x:.2f}' for x in c['paired_one'])}; "
+              f"memory {c['one_mb'] / c['hta_mb']:.2f}x HTA's")  # fmt: skip
+    print("\nthe same, as two commands: `perfdiag import` then `perfdiag timeline` (two "
+          "processes, two start-ups, the run read back from Parquet)")  # fmt: skip
     print(f"{'trace':<18} {'events':>9} {'HTA s':>7} {'import s':>8} {'timeline s':>10} "
           f"{'CLI speed-up':>12} {'in-process':>10} {'HTA MB':>7} {'import MB':>9} "
           f"{'timeline MB':>11}")  # fmt: skip
