@@ -9,6 +9,7 @@ import pandas as pd
 from ..analyzers.actions import Setting, other_action, run_action
 from ..analyzers.findings import IdList
 from ..analyzers.host import probe_stalls
+from ..analyzers.loop_input import input_s_between
 from ..analyzers.replicas import busiest_replica
 from ..analyzers.scheduler import KV_FULL, kv_pool, pool_blocks
 from ..analyzers.server_settings import ServerSettings, driven_server
@@ -59,6 +60,7 @@ def _finished_per_step(ctx: TriageContext) -> pd.Series:
         "forward_ms",
         "host_ms",
         "gap_ms",
+        "input_gap_ms",
         "schedule_ms",
         "prepare_ms",
         "post_ms",
@@ -111,10 +113,16 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
     # The profiler's own time is the gate's (probe-stalls), never the engine's host work:
     # gaps a probe held (profiler start/stop) and the profiled steps' bookkeeping.
     gap[:-1] = np.maximum(gap[:-1] - _probe_held_s(ctx.run, end[:-1], start[1:]), 0.0)
+    # Taking requests in on the loop that drives the steps holds the next step back: that
+    # time is the input's (slow-input's, in TTFT), not the engine's (analyzers/loop_input.py).
+    taken_in = np.zeros(len(s))
+    taken_in[:-1] = input_s_between(ctx.run.request_events, end[:-1], start[1:])
+    taken_in = np.minimum(taken_in, gap)
+    gap = gap - taken_in
     keep = ~_profiled(ctx, ids)
     if not keep.any():
         return Unavailable("every step ran inside the profiler window")
-    host, device, gap = (host_in + gap)[keep], device[keep], gap[keep]
+    host, device, gap, taken_in = (host_in + gap)[keep], device[keep], gap[keep], taken_in[keep]
     value = share(host.sum(), host.sum() + device.sum())
     n = int(keep.sum())
     evidence = (
@@ -123,6 +131,8 @@ def host_share(ctx: TriageContext) -> Fact | Unavailable:
         ev("forward_ms", "device time per step", ms(device.mean()), "ms"),
         ev("host_ms", "host time per step (in and between steps)", ms(host.mean()), "ms"),
         ev("gap_ms", "between steps, per step", ms(gap.mean()), "ms"),
+        ev("input_gap_ms", "between steps taking requests in (slow-input's, not counted)",
+           ms(taken_in.mean()), "ms"),
         ev("schedule_ms", "schedule, per step", ms(_mean(phase("schedule"))), "ms"),
         ev("prepare_ms", "prepare inputs, per step", ms(_mean(phase("prepare_inputs"))), "ms"),
         ev("post_ms", "post-process, per step", ms(_mean(phase("post_process"))), "ms"),
