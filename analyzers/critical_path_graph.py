@@ -32,6 +32,7 @@ import pandas as pd
 
 from . import blocking_calls
 from .critical_path_replay import Replay
+from .critical_path_segments import innermost_segments
 from .gaps import HOST_BUSY_FRACTION  # one rule for what is busy
 from .intervals import union
 from .spans import CLASS_CODE, GPU_CLASSES, cls_mask
@@ -136,7 +137,7 @@ def _cpu_segments(df: pd.DataFrame) -> pd.DataFrame:
         order = np.lexsort((-e, s, tid, pid))
         pid, tid = pid[order], tid[order]
         new = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
-        cols = _flatten(new.tolist(), s[order].tolist(), e[order].tolist(), rows[order].tolist())
+        cols = innermost_segments(new, s[order], e[order], rows[order], _flatten)
     seg = pd.DataFrame(cols)
     if not len(seg):
         return pd.DataFrame({"thread": pd.Series(dtype="int64"), "start": pd.Series(dtype="int64"),
