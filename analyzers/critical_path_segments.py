@@ -4,7 +4,7 @@ segments are its time cut at every start and end, each piece owned by the innerm
 open over it; that span is found by its depth (spans open when it started), not by a
 stack walked span by span. A thread where some span does outlive its parent is cut by
 `_flatten`'s loop, which clips it. Same segments, in the same order (tests compare the
-two on real traces and on random spans); on a 412k-event training trace ~5x faster.
+two on real traces and on random spans); on a 412k-event training trace 0.18 → 0.08 s.
 """
 
 from __future__ import annotations
