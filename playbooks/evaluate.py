@@ -144,6 +144,12 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         # service times, so a loss stretching service alike leaves its share of latency
         # unchanged: the limit is the cause, whatever the load. A root with a mechanism of
         # its own (slow input stalling deliveries) is not limited.
+        # A fact that models itself without the root (evidence `without_<root>`: prefill
+        # interference with balanced replicas) is the root's when that falls below the
+        # check's threshold; otherwise only in part.
+        without = _evidence(fired[c.id], "without_" + root.replace("-", "_"))
+        if without == without and c.threshold is not None:
+            return not without >= c.threshold
         r = playbook.check(root)
         if not r.slows_everything or c.threshold is None:
             return True

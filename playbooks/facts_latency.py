@@ -15,6 +15,7 @@ from .advice import (
     seq_cap_advice,
     token_budget_advice,
 )
+from .balanced_interference import balanced_evidence
 from .facts import (
     Fact,
     Param,
@@ -346,6 +347,8 @@ def itl_spike(ctx: TriageContext, min_ratio: float, min_excess_ms: float) -> Fac
         "chunk_advice",
         "predicted_gain",
         "predicted_interval",
+        "balanced_factor",
+        "without_dp_imbalance",
     ),
     cause=Param(str, choices=CAUSES),
     min_ratio=Param(float, 3.0),
@@ -382,7 +385,7 @@ def itl_tail_share(
     action = None
     if cause == "interference":
         advice, action, slice_s = _interference_advice(ctx)
-        evidence += advice
+        evidence += advice + balanced_evidence(ctx, itl.per_gap, p50, min_ratio, min_excess_ms)
         if slice_s is not None:
             # What the advice achieves, not the interference's removal: a gap then still
             # holds one slice of at most the advised size (0 saved when no finer chunk
