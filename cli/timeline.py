@@ -54,7 +54,7 @@ def timeline(
         typer.Option(
             "--critical-path/--no-critical-path",
             help="The critical path through the steps and what shortening its ops would save "
-            "(eight replays of the trace: about 0.25 s per 100k events).",
+            "(eight replays of the trace: about 0.2 s per 100k events).",
         ),
     ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
