@@ -61,6 +61,11 @@ MIN_REFERENCE_STEPS = 5
 # A step that waited on a run queue for a tenth of its time is starved: the share at
 # which host-contention warns (playbooks/triage.yaml), step by step.
 STARVED_WAIT_SHARE = 0.1
+# CPU per second of the stepping thread's running time above which the steps compute on
+# several threads (its wait is then not the step's loss: _run_delay). One thread's clock
+# plus the recorder's and sampler's own bits: tiny read 0.8-1.05 beside 0 to 3 burners,
+# the 2-thread small preset 1.25-1.5 at little contention.
+SINGLE_THREAD_CORES = 1.15
 REASONS = (
     "probe",
     "JIT compile",
@@ -162,7 +167,7 @@ def host_conditions(
     # measured: no reference needed (a neighbour present for the whole run leaves no
     # unstarved step to infer one from). Waits with no other process at work are the
     # engine's own threads outnumbering the cores, not contention.
-    delay = _run_delay(s, switches)
+    delay = _run_delay(s, switches, cpu, wall)
     measured = np.isfinite(delay) & ~own_crowd
     from_others = measured & ~alone
     starved = np.where(measured, from_others & (delay >= STARVED_WAIT_SHARE * wall), starved)
@@ -205,14 +210,28 @@ def host_conditions(
     )
 
 
-def _run_delay(steps: pd.DataFrame, switches: np.ndarray) -> np.ndarray:
-    """Per step, the stepping thread's run-queue wait in ns (NaN: not recorded). A run
-    whose steps never waited although the kernel preempted the process is read as a kernel
-    that does not account the wait (schedstat off), not as a run with no contention."""
+def _run_delay(
+    steps: pd.DataFrame, switches: np.ndarray, cpu: np.ndarray, wall: np.ndarray
+) -> np.ndarray:
+    """Per step, the stepping thread's run-queue wait in ns, where it is the step's loss
+    (NaN: not recorded, or not the loss). A run whose steps never waited although the
+    kernel preempted the process is read as a kernel that does not account the wait
+    (schedstat off), not as a run with no contention.
+
+    The wait is the loss when the stepping thread does the step's work alone. A process
+    that ran more than SINGLE_THREAD_CORES of CPU per second its stepping thread was not
+    waiting computes on several threads: while one waits the others progress, and an
+    intra-op thread spinning at a barrier is runnable without work to do (the small preset
+    on 2 cores beside one burner: the thread waited 35 % of step time, the steps took 8 %
+    longer). There the inference from the CPU the steps got decides."""
     if "run_delay_ns" not in steps:
         return np.full(len(steps), np.nan)
     delay = steps["run_delay_ns"].to_numpy("float64", na_value=np.nan)
     if np.nansum(delay) == 0 and np.nansum(switches) > 0:
+        return np.full(len(steps), np.nan)
+    ok = np.isfinite(delay) & np.isfinite(cpu)
+    running = np.sum(wall[ok] - delay[ok])
+    if running > 0 and np.sum(cpu[ok]) / running > SINGLE_THREAD_CORES:
         return np.full(len(steps), np.nan)
     return delay
 

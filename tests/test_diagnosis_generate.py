@@ -275,16 +275,20 @@ def test_reports_of_several_seeds_combine_from_their_saved_results(tmp_path, cap
     assert "not a generator report" in capsys.readouterr().out
 
 
-def test_the_neighbour_label_is_the_step_time_measured_beside_the_burners():
-    """Share of step time, measured by wall time in a calibration run beside the draw's
-    burners; without an engine run, fair sharing with one engine core. The old label
-    (busy share · b/(1 + b)) called one burner on two cores ×3.3 where the engine,
-    keeping one core busy, lost 2 % (seed 2000's g2000-0072)."""
+def test_the_neighbour_label_is_fair_sharing_with_the_engines_cores():
+    """Runnable threads share the cores: the engine's T busy cores beside L·cores of
+    burners wait 1 − cores / (T + L·cores) of the time. The old label (busy share ·
+    b/(1 + b)) called one burner on two cores x3.3 where the one-thread engine lost 2 %
+    (seed 2000's g2000-0072); a one-thread engine beside one burner on two cores loses
+    nothing by this model."""
     d = next(d for d in DRAWS if [f.cls for f in d.faults] == ["neighbour"])
-    per_core = d.faults[0].knobs["per_core"]
-    scenario, (rel,) = generate.build(d, _calibration(beside_loss=0.25))
-    assert rel == pytest.approx(2.5) and scenario.neighbours == per_core
-    cores = generate.machine_cores()
-    unmeasured = max(0.0, 1 - cores / (1 + per_core * cores)) / 0.1
-    assert generate.build(d, _calibration())[1] == [pytest.approx(unmeasured)]
-    assert generate.label_relative(d.faults[0], d) == pytest.approx(unmeasured)
+    per_core, cores = d.faults[0].knobs["per_core"], generate.machine_cores()
+    for engine in (1.0, 1.6):
+        scenario, (rel,) = generate.build(d, _calibration(engine_cores=engine))
+        expected = max(0.0, 1 - cores / (engine + per_core * cores)) / 0.1
+        assert rel == pytest.approx(expected) and scenario.neighbours == per_core
+    assert generate.label_relative(d.faults[0], d) == pytest.approx(
+        max(0.0, 1 - cores / (1 + per_core * cores)) / 0.1
+    )
+    one = generate.Fault("neighbour", float("nan"), {"per_core": 1 / cores})
+    assert generate.relative_of(one, d, _calibration(engine_cores=1.0)) == 0

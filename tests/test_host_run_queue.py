@@ -24,17 +24,18 @@ SAMPLE_NS = 100 * MS
 CORES = 2
 
 
-def _run(path, others: float, waited_share: float | None, switches: int = 20):
+def _run(path, others: float, waited_share: float | None, switches: int = 20, cores: float = 0.7):
     """300 decode steps of 20 ms, each beside `others` cores of other processes for the
     whole run, getting 0.7 cores of CPU and preempted `switches` times; the stepping thread
-    waited `waited_share` of each step on a run queue (None: not recorded)."""
+    waited `waited_share` of each step on a run queue (None: not recorded); `cores` of
+    CPU per second of step."""
     rng = np.random.default_rng(0)
     steps, t = [], 0
     for i in range(300):
         wall = 20 * MS * (1 + 0.01 * rng.standard_normal())
         delay = None if waited_share is None else int(waited_share * wall)
         steps.append(Step(i, t, t + int(wall), num_decode_seqs=4, num_context_tokens=256,
-                          cpu_time_ns=int(0.7 * wall), involuntary_switches=switches,
+                          cpu_time_ns=int(cores * wall), involuntary_switches=switches,
                           run_delay_ns=delay))  # fmt: skip
         t += int(wall) + MS // 10
     counters = []
@@ -84,6 +85,15 @@ def test_a_kernel_that_never_accounts_the_wait_is_not_read_as_none(tmp_path):
     none = analyze_serving(_run(tmp_path / "none", others=1.5, waited_share=None)).host
     assert zero.lost_share == pytest.approx(none.lost_share)
     assert np.isnan(zero.run_queue_share)
+
+
+def test_an_engine_computing_on_several_threads_is_judged_by_its_cpu(tmp_path):
+    # 1.4 cores per second of step, 2 per second the stepping thread ran: other threads
+    # progress while it waits (or it spins at a barrier), so its wait is not the loss.
+    many = analyze_serving(_run(tmp_path / "mt", others=1.5, waited_share=0.3, cores=1.4)).host
+    none = analyze_serving(_run(tmp_path / "mtn", others=1.5, waited_share=None, cores=1.4)).host
+    assert many.lost_share == pytest.approx(none.lost_share)
+    assert np.isnan(many.run_queue_share)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")

@@ -208,12 +208,12 @@ CLASSES: tuple[FaultClass, ...] = (
         "host-contention",
         0.1,
         "share of step time the neighbours take / 0.1",
-        "measured beside them: 1 − Σ steps alone / Σ steps beside L·cores burning cores' "
-        "worth, the base's one-client calibration run recorded again with the burners "
-        "(wall time of steps: not the check's run-queue instrument). A share of step time, "
-        "so the same in an open loop as in a closed one. Without an engine run (the draw's "
-        "label): fair sharing with an engine keeping one core busy, "
-        "max(0, 1 − cores / (1 + L·cores))",
+        "fair sharing of the cores among runnable threads: the engine's T busy cores (its "
+        "CPU per second of step at capacity, calibrated; at least one) beside L·cores "
+        "burning cores' worth wait 1 − cores / (T + L·cores) of the time when that is "
+        "positive. A share of step time, so the same in an open loop as in a closed one. "
+        "Not measured beside the burners: one-client runs of tiny ran up to 2x *faster* "
+        "beside them (cores kept awake) and varied 2x between identical runs",
         None,
         "neighbours",
         span=(0.3, 1.6),  # L, burning cores per core: the span covers both sides of 0.1
@@ -406,8 +406,7 @@ class Calibration:
     token_s: float  # per prefill token beyond it
     step_s: float  # median step at capacity
     host_share: float  # host_share at capacity (NaN: not measured)
-    one_steps_s: float = float("nan")  # Σ step time of the one-client run
-    beside_loss: float = float("nan")  # 1 − one_steps_s / the same beside the draw's burners
+    engine_cores: float = 1.0  # CPU per second of step at capacity, at least one core
     saturated_rps: float = float("nan")  # completions/s with every slot full (load_labels)
     ttft_full_s: float = float("nan")  # mean TTFT at max_seqs clients
 
@@ -423,10 +422,9 @@ def relative_of(f: Fault, d: Draw, cal: Calibration | None) -> float:
     if f.cls == "cold-starvation":
         return (k["clients"] - k["cap"]) / 2
     if f.cls == "neighbour":
-        if cal is not None and math.isfinite(cal.beside_loss):
-            return cal.beside_loss / 0.1
+        engine = cal.engine_cores if cal is not None else 1.0
         cores = machine_cores()
-        return max(0.0, 1 - cores / (1 + k["per_core"] * cores)) / 0.1
+        return max(0.0, 1 - cores / (engine + k["per_core"] * cores)) / 0.1
     if f.cls == "dp-imbalance":
         w = k["weights"][0] / k["weights"][1]
         u0 = min(1.0, 2 * d.load * w / (w + 1))
@@ -660,12 +658,24 @@ def calibrate(d: Draw, root: Path) -> Calibration:
         token_s=max(1e-7, float(statistics.median(per_tok))) if per_tok else 1e-6,
         step_s=float(statistics.median(durn)),
         host_share=_host_share(rn),
-        one_steps_s=float(dur.sum()),
         saturated_rps=saturated_rate(_done_s(mn.per_request), clients),
         ttft_full_s=float(mn.ttft_s.mean),
+        engine_cores=_engine_cores(rn),
     )
     _CALIBRATIONS[key] = cal
     return cal
+
+
+def _engine_cores(run) -> float:
+    """The cores the engine keeps busy while it steps: its CPU per second of step at
+    capacity (its stepping thread's run-queue wait left out), at least one."""
+    st = run.steps
+    wall = (st["end_ns"] - st["start_ns"]).to_numpy("float64")
+    cpu = st["cpu_time_ns"].to_numpy("float64", na_value=float("nan"))
+    wait = st["run_delay_ns"].to_numpy("float64", na_value=0.0) if "run_delay_ns" in st else 0
+    ok = cpu == cpu  # not NaN
+    running = float((wall - wait)[ok].sum())
+    return max(1.0, float(cpu[ok].sum()) / running) if running > 0 else 1.0
 
 
 def _done_s(per_request) -> list:
@@ -680,26 +690,10 @@ def _lengths(d: Draw) -> dict:
                 output_len=_len("uniform:{}:{}".format(*d.output)), seed=7)  # fmt: skip
 
 
-def _one_client(d: Draw, tag: str, neighbours: float = 0.0) -> Scenario:
-    return Scenario(f"{tag}-1" + (f"-beside{neighbours:g}" if neighbours else ""),
-                    "calibration", HEALTHY, engine=d.engine, probes=USER_PROBES,
-                    workload=dict(_lengths(d), requests=12, warmup=2, arrival=_closed(1)),
-                    neighbours=neighbours)  # fmt: skip
-
-
-def calibrate_beside(d: Draw, cal: Calibration, root: Path) -> Calibration:
-    """The calibration with `beside_loss`: the one-client run recorded again beside the
-    draw's neighbours (the neighbour class's magnitude, measured by wall time)."""
-    per_core = next((f.knobs["per_core"] for f in d.faults if f.cls == "neighbour"), None)
-    if per_core is None:
-        return cal
-    from perfdiag import load_run
-
-    tag = f"cal-{abs(hash(d.calibration_key())) % 10**8}"
-    beside = _one_client(d, tag, per_core)
-    run = load_run(beside.record(root / beside.name))
-    steps_s = float((run.steps["end_ns"] - run.steps["start_ns"]).sum() / 1e9)
-    return replace(cal, beside_loss=max(0.0, 1 - cal.one_steps_s / steps_s))
+def _one_client(d: Draw, tag: str) -> Scenario:
+    work = dict(_lengths(d), requests=12, warmup=2, arrival=_closed(1))
+    return Scenario(f"{tag}-1", "calibration", HEALTHY, engine=d.engine, probes=USER_PROBES,
+                    workload=work)  # fmt: skip
 
 
 def _host_share(run) -> float:
@@ -725,7 +719,7 @@ def findings_of(triage) -> dict:
 
 def run_draw(d: Draw, root: Path, seeds: int = 1) -> list[dict]:
     """Record a draw once per workload seed and triage each run: one result each."""
-    cal = calibrate_beside(d, calibrate(d, root / "calibration"), root / "calibration")
+    cal = calibrate(d, root / "calibration")
     out = []
     for k in range(seeds):
         scenario, rels = build(d, cal, k)
