@@ -292,3 +292,41 @@ def test_the_neighbour_label_is_fair_sharing_with_the_engines_cores():
     )
     one = generate.Fault("neighbour", float("nan"), {"per_core": 1 / cores})
     assert generate.relative_of(one, d, _calibration(engine_cores=1.0)) == 0
+
+
+def test_a_long_prefix_beside_long_prompts_leaves_room_for_outputs():
+    """Seed 2003's draw 85 (cold-starvation's 128-token prefix, chunk-too-small's
+    192-384-token prompts, tiny's 512-token context) drew outputs of -4..-8 tokens and
+    stopped the held-out run: the prompts give way."""
+    d = generate.draw(2003, 85)
+    assert 1 <= d.output[0] <= d.output[1]
+    assert d.prefix[1] + d.prompt[1] + d.output[1] <= generate.CONTEXT[d.preset] - 8
+    for seed, index in ((4, 3), (4, 169), (8, 102)):
+        d = generate.draw(seed, index)
+        assert 1 <= d.output[0] <= d.output[1]
+    cal = generate.Calibration(10.0, 0.05, 0.2, 0.01, 2e-4, 0.03, 0.01)
+    generate.build(d, cal)[0].options().engine.engine_config()
+
+
+def test_a_draw_the_engine_refuses_is_reported_not_fatal(tmp_path, monkeypatch, capsys):
+    """A refused draw stopped seed 2003's held-out run at its 86th draw and lost the 170
+    runs before it (no report was written): it is now listed and the run goes on."""
+    import json
+
+    from benchmarks.diagnosis import __main__ as cli
+    from perfdiag.errors import ConfigError
+
+    def run_draw(d, root, seeds):
+        if d.index == 1:
+            raise ConfigError("need 1 <= low <= high, got -4..-8")
+        return [{**_run(d.name, [], [], k=k), "cause": "nothing", "top_severity": ""}
+                for k in range(seeds)]  # fmt: skip
+
+    monkeypatch.setattr(generate, "run_draw", run_draw)
+    out = tmp_path / "r.json"
+    assert cli.main(["--generate", "3", "--seed", "5", "--seeds", "1", "--json", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert len(saved["runs"]) == 2
+    refused = {"draw": "g5-0001", "error": "need 1 <= low <= high, got -4..-8"}
+    assert saved["not_recorded"] == [refused]
+    assert "not recorded: g5-0001" in capsys.readouterr().out

@@ -33,6 +33,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from perfdiag.errors import PerfdiagError
+
 from .scenarios import HEALTHY, PROBES_ACCOUNTED, SCENARIOS, Scenario, by_name
 
 # CI's subset (about a minute and a half on 2 cores): a healthy run and four fault
@@ -92,13 +94,19 @@ def generated(args) -> int:
     banner = generate.held_out(args.seed)
     if banner:
         print(generate.HELD_OUT_BANNER, flush=True)
-    runs = []
+    runs, failed = [], []
     with tempfile.TemporaryDirectory(prefix="perfdiag-generate-") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         for i in range(args.generate):
             d = generate.draw(args.seed, i, args.requests)
-            for r in generate.run_draw(d, root, args.seeds):
+            try:
+                drawn = generate.run_draw(d, root, args.seeds)
+            except PerfdiagError as e:  # a draw the engine refuses: said, not the whole run
+                failed.append({"draw": d.name, "error": str(e)})
+                print(f"  {d.name}: not recorded: {e}", flush=True)
+                continue
+            for r in drawn:
                 runs.append(r)
                 print(f"  {r['draw']}-s{r['workload_seed']}: {r['cause']} → top {r['top']} "
                       f"({r['top_severity'] or '-'}) in {r['record_s']} s", flush=True)  # fmt: skip
@@ -106,10 +114,13 @@ def generated(args) -> int:
     print()
     for line in report.lines(summary_):
         print(line)
+    for f in failed:
+        print(f"not recorded: {f['draw']}: {f['error']}")
     if banner:
         print(generate.HELD_OUT_BANNER)
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary_, "runs": runs}, indent=2) + "\n")
+        out = {"summary": summary_, "runs": runs, "not_recorded": failed}
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 

@@ -57,6 +57,7 @@ MAX_SEND_S = 15.0  # an open loop's sending time at most (fewer requests at ligh
 # gaps' variability, which 48 requests at tiny's ~100 req/s (0.5 s) cannot show (dev run)
 MIN_SEND_S = 4.0
 MAX_REQUESTS = 240
+MIN_OUTPUT_ROOM = 16  # tokens of context a draw leaves for its outputs at least
 CONTEXT = {"tiny": 512, "tiny-moe": 512, "small": 2048}  # the presets' context (tokens)
 
 
@@ -323,7 +324,13 @@ def draw(seed: int, index: int, requests: int | None = None) -> Draw:
     if e.get("chunk_size") is None:  # without chunking a step must take a whole prompt
         e["max_batched_tokens"] = max(e["max_batched_tokens"], CONTEXT[d["preset"]])
     # a request (prefix, prompt, output) must fit the model's context
-    room = CONTEXT[d["preset"]] - 8 - (d["prefix"][1] if d.get("prefix") else 0) - d["prompt"][1]
+    prefix_len = d["prefix"][1] if d.get("prefix") else 0
+    room = CONTEXT[d["preset"]] - 8 - prefix_len - d["prompt"][1]
+    if room < MIN_OUTPUT_ROOM:  # a long prefix beside long prompts (cold-starvation with
+        # chunk-too-small on tiny: 128 + 384 of 512): the prompts give way, not the output
+        high = CONTEXT[d["preset"]] - 8 - prefix_len - MIN_OUTPUT_ROOM
+        d["prompt"] = (min(d["prompt"][0], high), high)
+        room = MIN_OUTPUT_ROOM
     if d["output"][1] > room:
         d["output"] = (min(d["output"][0], room // 2), room)
     base = Draw(**d, faults=drawn)
