@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from host_runs import lost_share, write_run
 
-from perfdiag import load_run
 from perfdiag.analyzers.serving import analyze_serving
-from perfdiag.playbooks.facts import TriageContext, evaluate_fact
 from perfdiag.traces.schema import Counter, Step
-from perfdiag.traces.writer import RunWriter
 
 MS = 1_000_000
 SAMPLE_NS = 100 * MS
@@ -42,21 +40,11 @@ def _run(path, cores: int, process: float, others: float, switches_per_s: float)
         per_core = 100.0 * min(busy, cores) / cores  # spread evenly over the cores
         counters += [Counter("cpu_util_pct", ts, per_core, f"cpu{c}") for c in range(cores)]
         counters.append(Counter("process_cpu_pct", ts, 100.0 * process, "process"))
-    config = {"run_options": {"engine": {"device": "cuda"}}}
-    environment = {"cpu_count": cores}
-    with RunWriter(path, command=["test"], config=config, environment_info=environment) as w:
-        for s in steps:
-            w.append("steps", s)
-        for c in counters:
-            w.append("counters", c)
-    return load_run(path)
+    return write_run(path, steps, counters, "cuda", cores)
 
 
 def _lost(run) -> float:
-    fact = evaluate_fact("host_contention", TriageContext(run), {})
-    host = analyze_serving(run).host
-    assert fact.value == pytest.approx(host.lost_share)
-    return host.lost_share
+    return lost_share(run)
 
 
 def test_a_one_core_neighbour_starves_a_two_core_machine(tmp_path):

@@ -11,13 +11,12 @@ import sys
 
 import numpy as np
 import pytest
+from host_runs import lost_share, write_run
 
 from perfdiag import load_run
 from perfdiag.analyzers.serving import analyze_serving
-from perfdiag.playbooks.facts import TriageContext, evaluate_fact
 from perfdiag.probes.run_queue import ThreadRunDelay
 from perfdiag.traces.schema import Counter, Step
-from perfdiag.traces.writer import RunWriter
 
 MS = 1_000_000
 SAMPLE_NS = 100 * MS
@@ -44,21 +43,11 @@ def _run(path, others: float, waited_share: float | None, switches: int = 20, co
         counters += [Counter("cpu_util_pct", ts, 100.0 * min(busy, CORES) / CORES, f"cpu{c}")
                      for c in range(CORES)]  # fmt: skip
         counters.append(Counter("process_cpu_pct", ts, 70.0, "process"))
-    config = {"run_options": {"engine": {"device": "cpu"}}}
-    with RunWriter(path, command=["test"], config=config,
-                   environment_info={"cpu_count": CORES}) as w:  # fmt: skip
-        for s in steps:
-            w.append("steps", s)
-        for c in counters:
-            w.append("counters", c)
-    return load_run(path)
+    return write_run(path, steps, counters, "cpu", CORES)
 
 
 def _lost(run) -> float:
-    host = analyze_serving(run).host
-    fact = evaluate_fact("host_contention", TriageContext(run), {})
-    assert fact.value == pytest.approx(host.lost_share)
-    return host.lost_share
+    return lost_share(run)
 
 
 def test_a_neighbour_present_all_run_is_measured_by_the_wait(tmp_path):
