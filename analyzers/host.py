@@ -229,11 +229,17 @@ def _run_delay(
     delay = steps["run_delay_ns"].to_numpy("float64", na_value=np.nan)
     if np.nansum(delay) == 0 and np.nansum(switches) > 0:
         return np.full(len(steps), np.nan)
-    ok = np.isfinite(delay) & np.isfinite(cpu)
-    running = np.sum(wall[ok] - delay[ok])
-    if running > 0 and np.sum(cpu[ok]) / running > SINGLE_THREAD_CORES:
+    if cpu_per_running_s(cpu, wall, delay) > SINGLE_THREAD_CORES:
         return np.full(len(steps), np.nan)
     return delay
+
+
+def cpu_per_running_s(cpu: np.ndarray, wall: np.ndarray, wait: np.ndarray) -> float:
+    """The process's CPU per second its stepping thread was not waiting on a run queue,
+    over the steps where both are known: the cores the engine computes on (NaN: none)."""
+    ok = np.isfinite(wait) & np.isfinite(cpu)
+    running = float(np.sum(wall[ok] - wait[ok]))
+    return float(np.sum(cpu[ok])) / running if running > 0 else float("nan")
 
 
 def _busy_cores(ratio: np.ndarray) -> float:

@@ -69,12 +69,12 @@ class RunRecorder(EngineObserver):
         # A replica shares the process with the others: its steps count its thread's CPU.
         self._host_usage = _host_usage if replica is None else _thread_usage
         self._run_delay = ThreadRunDelay()  # the stepping thread's run-queue wait
-        self._run_delay_at_begin: tuple[int, int | None] = (0, None)
+        self._run_delay_at_begin: tuple[int | None, int | None] = (None, None)
 
     def _run_delay_since_begin(self) -> int | None:
         tid, begin = self._run_delay_at_begin
         waited = self._run_delay()
-        if waited is None or begin is None or tid != threading.get_native_id():
+        if waited is None or begin is None or tid != self._run_delay.tid:
             return None  # not measured, or the step ended on another thread
         return waited - begin
 
@@ -99,7 +99,8 @@ class RunRecorder(EngineObserver):
         if self._timer is not None:
             self._timer.begin(e.step_id)
         self._host_at_begin = self._host_usage()
-        self._run_delay_at_begin = (threading.get_native_id(), self._run_delay())
+        waited = self._run_delay()
+        self._run_delay_at_begin = (self._run_delay.tid, waited)
 
     def on_phase(self, e: PhaseEvent) -> None:
         self._span((e.phase.value, "phase", e.start_ns, e.end_ns - e.start_ns, self._pid,

@@ -23,11 +23,13 @@ _PATH = "/proc/thread-self/schedstat"
 
 
 class ThreadRunDelay:
-    """Cumulative run-queue wait of the calling thread, in ns (None: not available)."""
+    """Cumulative run-queue wait of the calling thread, in ns (None: not available).
+    `tid` is the thread the last reading was of: two readings are comparable only when it
+    did not change between them."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
-        self._tid: int | None = None
+        self.tid: int | None = None
         self._failed = False
 
     def __call__(self) -> int | None:
@@ -35,9 +37,9 @@ class ThreadRunDelay:
             return None
         tid = threading.get_native_id()
         try:
-            if self._fd is None or tid != self._tid:
+            if self._fd is None or tid != self.tid:
                 self.close()
-                self._fd, self._tid = os.open(_PATH, os.O_RDONLY), tid
+                self._fd, self.tid = os.open(_PATH, os.O_RDONLY), tid
             return int(os.pread(self._fd, 96, 0).split()[1])
         except (OSError, ValueError, IndexError):
             self._failed = True

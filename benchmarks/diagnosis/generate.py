@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from perfdiag.probes.faults import FaultOptions
 from perfdiag.probes.workload import PrefixSpec
 from perfdiag.traces.environment import machine_cores
@@ -676,13 +678,15 @@ def calibrate(d: Draw, root: Path) -> Calibration:
 def _engine_cores(run) -> float:
     """The cores the engine keeps busy while it steps: its CPU per second of step at
     capacity (its stepping thread's run-queue wait left out), at least one."""
+    from perfdiag.analyzers.host import cpu_per_running_s
+
     st = run.steps
     wall = (st["end_ns"] - st["start_ns"]).to_numpy("float64")
     cpu = st["cpu_time_ns"].to_numpy("float64", na_value=float("nan"))
-    wait = st["run_delay_ns"].to_numpy("float64", na_value=0.0) if "run_delay_ns" in st else 0
-    ok = cpu == cpu  # not NaN
-    running = float((wall - wait)[ok].sum())
-    return max(1.0, float(cpu[ok].sum()) / running) if running > 0 else 1.0
+    wait = (st["run_delay_ns"].to_numpy("float64", na_value=0.0) if "run_delay_ns" in st
+            else np.zeros(len(st)))  # fmt: skip
+    cores = cpu_per_running_s(cpu, wall, wait)
+    return max(1.0, cores) if math.isfinite(cores) else 1.0
 
 
 def _done_s(per_request) -> list:
