@@ -33,6 +33,7 @@ from .facts import (
     ttft_predicted,
     worst,
 )
+from .spec_interference import spec_evidence
 
 # What prefill interference costs users: the stall in each request's stream (its longest
 # gap), at the 90th percentile over requests — spikes rarer than 1 % of gaps reach most
@@ -140,7 +141,7 @@ def ttft_part_share(ctx: TriageContext, part: str, inherent_steps: float) -> Fac
             impact = ttft_predicted(ctx, frame, "saved_s", action.target)
     elif part == "prefill_others_s":
         advice, chunk_action, slice_s = _interference_advice(ctx)
-        evidence += advice
+        evidence += advice + spec_evidence(ctx, per_request)
         saved, action = _others_saved(ctx, per_request, chunk_action, slice_s)
         if saved is not None:
             frame = per_request.assign(saved_s=saved)
