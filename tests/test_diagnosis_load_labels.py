@@ -123,3 +123,65 @@ def test_a_small_chunk_beside_a_cap_queue_is_a_smaller_share_of_ttft():
     over = 0.15 * 2.84 * ttft
     assert rel == pytest.approx(2 * over / (ttft + (2 - 1) * (0.0186 + over)) / 0.15)
     assert rel < 2.84 / 1.5
+
+
+def test_a_client_cap_blocks_when_the_slots_are_full_at_a_due_time():
+    # Two slots, sends every 10 ms, each held 25 ms: the third finds both full, waits
+    # until 25 ms, and the fourth (due at 30 ms) finds the second and third in flight.
+    sends = np.array([0.0, 0.01, 0.02, 0.03])
+    assert labels.blocked_share(sends, np.full(4, 0.025), 2) == pytest.approx(0.5)
+    assert labels.blocked_share(sends, np.full(4, 0.015), 2) == 0.0
+
+
+def test_constant_sends_never_block_below_the_cap_where_poisson_ones_do():
+    """g2002-0097: constant sends at 11.7 req/s, cap 3, E2E ~0.12 s (1.4 in flight) were
+    labelled ×1.54 by the Poisson tail and never blocked; on the schedule itself the
+    label is below 1, and the same rate with Poisson sends is above it."""
+    rng = np.random.default_rng(1)
+    n, rate, cap = 200, 11.65, 3
+    outputs = rng.integers(48, 97, n).astype(float)
+    constant = np.arange(n) / rate
+    poisson = np.cumsum(rng.exponential(1 / rate, n))
+    e2e = 0.12
+    for_constant = labels.client_cap_label(constant, outputs, cap, 0.01, e2e)
+    for_poisson = labels.client_cap_label(poisson, outputs, cap, 0.01, e2e)
+    assert for_constant < 1 < for_poisson
+    # at the label's own factor the blocked share is the rule's 0.05
+    mean_out = outputs.mean()
+    hold = 0.01 + (outputs - 1) * (e2e - 0.01) / (mean_out - 1)
+    assert labels.blocked_share(constant, hold / for_constant, cap) >= 0.05
+    assert labels.blocked_share(constant, hold / for_constant * 0.99, cap) < 0.05
+
+
+def test_bursty_is_labelled_at_the_schedules_own_ca2_gated_as_the_rule_gates_it():
+    """The rule fires only when ca² exceeds 1 by twice its noise 2.8/√n: a schedule of 37
+    sends drawn at ca² ≈ 1.7 (g2003-0056-s1) sits below that gate whatever its share."""
+    rng = np.random.default_rng(3)
+    n = 37
+    gaps = rng.gamma(1 / 1.7, 1.7, n - 1)
+    sends = np.r_[0.0, np.cumsum(gaps)]
+    ca2 = np.diff(sends).var() / np.diff(sends).mean() ** 2
+    label = labels.bursty_label(sends, 0, lambda c: 1.0)  # any share: the gate decides
+    assert label == pytest.approx((ca2 - 1) / (2 * 2.8 / math.sqrt(n - 1)))
+    # and where the gate is passed, the share at the schedule's ca² decides
+    assert labels.bursty_label(sends, 0, lambda c: 0.03) == pytest.approx(0.2)
+    assert labels.burst_share(1.0, 0.5, 20.0, 0.01, 0.1) == 0.0
+
+
+def test_another_faults_slowdown_lengthens_what_slow_input_is_a_share_of():
+    """g2002-0004: a 1.03 slow-input label beside host-bound ×1.67; its gap makes every
+    step (S + g) / S longer, and TTFT with them: the same delay is a smaller share."""
+    d = next(x for x in (generate.draw(0, i) for i in range(500))
+             if {f.cls for f in x.faults} == {"slow-input", "host-bound"})  # fmt: skip
+    cal = _cal()
+    scenario, rels = generate.build(d, cal)
+    gap = scenario.faults.step_gap_ms / 1e3
+    by_class = {f.cls: r for f, r in zip(d.faults, rels, strict=True)}
+    k = labels.slowdown(d, scenario, cal, by_class, "slow-input")
+    assert k == pytest.approx(1 + gap / cal.step_s)
+    delay = scenario.faults.input_delay_ms / 1e3
+    alone = labels.slow_input_label(d, cal, delay, by_class, 0.0)
+    assert by_class["slow-input"] == pytest.approx(
+        labels.slow_input_label(d, cal, delay, by_class, 0.0, slower=k)
+    )
+    assert by_class["slow-input"] < alone

@@ -40,12 +40,17 @@ from perfdiag.traces.environment import machine_cores
 from .kv_model import ClosedLoop, threshold_pool
 from .load_labels import (
     base_ttft,
+    burst_share,
+    bursty_label,
     capacity,
     chunk_label,
+    client_cap_label,
     over_capacity_label,
     saturated_rate,
+    schedule,
     schedule_rate,
     slow_input_label,
+    slowdown,
 )
 from .scenarios import HEALTHY, Scenario, _closed, _len, _open
 
@@ -105,8 +110,11 @@ CLASSES: tuple[FaultClass, ...] = (
         "client-cap",
         "client-back-pressure",
         0.05,
-        "requests in flight needed (λ · unloaded E2E) / the cap's threshold x_t",
-        "in flight ~ Poisson(λ·E2E) (Little); fires when P(N ≥ cap) ≥ 0.05: x_t(cap)",
+        "1 / the factor on every E2E at which 5 % of the schedule's requests find the cap full",
+        "the run's own schedule (send times, output lengths; drawn before the run) through a "
+        "client of cap slots, each request holding one for the unloaded TTFT + its tokens at "
+        "the unloaded time per token, times the other fault's slowdown (load_labels); drawn "
+        "around Poisson's x_t(cap)/E2E or a constant schedule's own threshold rate",
         "open",
         "rate cap lengths",
         span=(0.25, 4.0),
@@ -115,8 +123,8 @@ CLASSES: tuple[FaultClass, ...] = (
         "bursty",
         "bursty-load",
         0.15,
-        "the bursts' share of TTFT / 0.15 (or the gaps' ca² − 1 "
-        "over its noise 2.8/√n, whichever is smaller)",
+        "the bursts' share of TTFT / 0.15 at the schedule's own ca² (or ca² − 1 over twice "
+        "its noise 2.8/√n, the rule's gate, whichever is smaller)",
         "Kingman, one server at the measured capacity: burst wait = ρ/(1−ρ)·(ca²−1)/2/μ over "
         "unloaded TTFT + the whole wait (cs² from the output lengths)",
         "open",
@@ -446,6 +454,21 @@ def label_relative(f: Fault, d: Draw) -> float:
     return relative_of(f, d, None)
 
 
+def threshold_rate(d: Draw, cap: int, cal: Calibration) -> float:
+    """The rate at which the client's cap starts to hold back 5 % of requests: Poisson
+    sends, x_t(cap) in flight at the unloaded E2E (Little); constant sends, the rate at
+    which a schedule of evenly spaced sends with the draw's output lengths (their
+    quantiles, shuffled) is labelled 1 (load_labels.client_cap_label)."""
+    if d.process != "constant":
+        return threshold_in_flight(cap) / cal.e2e_s
+    n = 200
+    rng = np.random.default_rng(cap)
+    outputs = rng.permutation(np.round(np.linspace(d.output[0], d.output[1], n)))
+    # sends at 1 req/s: the label is 1 / the threshold rate (it scales with the rate)
+    label = client_cap_label(np.arange(n, dtype=float), outputs, cap, cal.ttft_s, cal.e2e_s)
+    return 1 / label if label > 0 else threshold_in_flight(cap) / cal.e2e_s
+
+
 def threshold_in_flight(cap: int) -> float:
     """x with P(Poisson(x) ≥ cap) = 0.05 (bisection)."""
     lo, hi = 0.0, 10.0 * cap + 10
@@ -483,16 +506,18 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
         rel, kn = f.relative, f.knobs
         if f.cls == "over-capacity":
             rate = rel * 1.1 * capacity(cal)  # labelled below, at the schedule's own rate
-        elif f.cls == "client-cap":
+        elif f.cls == "client-cap":  # labelled below, on the run's own schedule
             cap = kn["cap"]
-            rate = rel * threshold_in_flight(cap) / cal.e2e_s
-        elif f.cls == "bursty":
-            n, rho, mu = d.requests, d.load, cal.capacity_rps
+            rate = rel * threshold_rate(d, cap, cal)
+        elif f.cls == "bursty":  # labelled below, at the schedule's own ca²
+            rho, mu = d.load, cal.capacity_rps
             s, big = 0.15 * rel, rho / (1 - rho) / (2 * mu)
             ca2 = (s * cal.ttft_s + s * big * _cv2_uniform(d.output) + big) / (big * (1 - s))
-            ca2 = max(ca2, 1.0)
-            # the rule also wants ca² above 1 by twice its sampling noise
-            rel = min(rel, (ca2 - 1) / (2.8 / math.sqrt(n)))
+            # ... and `rel` times the rule's gate on ca² (twice its noise over the gaps
+            # measured), so that the drawn magnitude straddles whichever term decides
+            n = _open_requests(d, rate)
+            gaps = n - min(4, n // 8) - 1
+            ca2 = max(ca2, 1 + rel * 2 * 2.8 / math.sqrt(max(gaps, 1)))
             process, burst = "gamma", 1 / ca2
         elif f.cls == "slow-input":
             m = 0.25 * rel
@@ -541,10 +566,7 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
             rels[i] = _kv_pool(d, engine, prefix, f.relative)
     arrival = (_closed(clients) if d.loop == "closed" else
                _open(rate, cap=cap, process=process, burstiness=burst))  # fmt: skip
-    requests = d.requests
-    if rate is not None:  # an open loop sends for MIN_SEND_S to MAX_SEND_S
-        requests = max(requests, round(rate * MIN_SEND_S))
-        requests = max(16, min(requests, round(rate * MAX_SEND_S), MAX_REQUESTS))
+    requests = d.requests if rate is None else _open_requests(d, rate)
     workload = dict(
         requests=requests, warmup=min(4, requests // 8), seed=d.workload_seed + 1000 * k,
         arrival=arrival, prompt_len=_len("uniform:{}:{}".format(*d.prompt)),
@@ -561,26 +583,51 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
     return scenario, _labels_at_load(d, cal, scenario, rels)
 
 
+def _open_requests(d: Draw, rate: float) -> int:
+    """An open loop's requests: enough to send for MIN_SEND_S, at most MAX_SEND_S."""
+    requests = max(d.requests, round(rate * MIN_SEND_S))
+    return max(16, min(requests, round(rate * MAX_SEND_S), MAX_REQUESTS))
+
+
 def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -> list:
-    """over-capacity at the schedule's rate; slow-input, and chunk-too-small beside another
-    fault, at the run's TTFT (load_labels)."""
+    """over-capacity at the schedule's rate, client-cap and bursty on the schedule itself;
+    slow-input, and chunk-too-small beside another fault, at the run's TTFT (load_labels)."""
     classes = [f.cls for f in d.faults]
-    if not {"over-capacity", "slow-input"} & set(classes) and len(classes) < 2:
+    on_schedule = {"over-capacity", "slow-input", "client-cap", "bursty"}
+    if not on_schedule & set(classes) and len(classes) < 2:
         return rels
     rels = list(rels)
     spec = scenario.options().workload
     send_rps = schedule_rate(spec) if d.loop == "open" else float("nan")
+    by_class = dict(zip(classes, rels, strict=True))
+    delay = scenario.faults.input_delay_ms / 1e3 if scenario.faults else 0.0
+    bursts = 0.0
     if "over-capacity" in classes:
         rels[classes.index("over-capacity")] = over_capacity_label(send_rps, cal)
+    if "bursty" in classes:
+        cv2 = _cv2_uniform(d.output)
+
+        def share_of(ca2: float) -> float:
+            return burst_share(ca2, d.load, cal.capacity_rps, cal.ttft_s, cv2)
+
+        sends, _ = schedule(spec)
+        rels[classes.index("bursty")] = bursty_label(sends, spec.warmup, share_of)
+        bursts = min(0.9, 0.15 * rels[classes.index("bursty")])
+    if "client-cap" in classes:
+        sends, outputs = schedule(spec)
+        k = slowdown(d, scenario, cal, by_class, "client-cap")
+        rels[classes.index("client-cap")] = client_cap_label(
+            sends, outputs, spec.arrival.concurrency, k * cal.ttft_s + delay,
+            k * cal.e2e_s + delay,
+        )  # fmt: skip
     if "slow-input" in classes:
         send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0
-        delay = scenario.faults.input_delay_ms / 1e3
         rels[classes.index("slow-input")] = slow_input_label(
-            d, cal, delay, dict(zip(classes, rels, strict=True)), send_s
-        )
+            d, cal, delay, by_class, send_s,
+            slower=slowdown(d, scenario, cal, by_class, "slow-input"), bursts=bursts,
+        )  # fmt: skip
     if "chunk-too-small" in classes and len(classes) == 2:
         i = classes.index("chunk-too-small")
-        delay = scenario.faults.input_delay_ms / 1e3 if scenario.faults else 0.0
         send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0
         rels[i] = chunk_label(d, cal, rels[i], scenario.engine["chunk_size"],
                               dict(zip(classes, rels, strict=True)), send_s, delay)  # fmt: skip
