@@ -166,9 +166,11 @@ def host_conditions(
     # Where the stepping thread's run-queue wait was recorded, it is the time lost,
     # measured: no reference needed (a neighbour present for the whole run leaves no
     # unstarved step to infer one from). Waits with no other process at work are the
-    # engine's own threads outnumbering the cores, not contention.
+    # engine's own threads outnumbering the cores, not contention; without the sampler
+    # nothing says whose they were (a run's own writer and client threads, 0-12 % of
+    # step time in the same quiet runs), so the inference from the CPU decides there.
     delay = _run_delay(s, switches, cpu, wall)
-    measured = np.isfinite(delay) & ~own_crowd
+    measured = np.isfinite(delay) & ~own_crowd & np.isfinite(others_at)
     from_others = measured & ~alone
     starved = np.where(measured, from_others & (delay >= STARVED_WAIT_SHARE * wall), starved)
     lost = np.where(measured, np.where(from_others, delay, 0.0), lost)

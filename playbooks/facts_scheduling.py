@@ -53,6 +53,11 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     reread = _reread_context(chunks, ctx.run.requests).reindex(request_ids).fillna(0).to_numpy()
     avoidable = (pr["step_overhead_s"].to_numpy() - extra) * (steps - 1) / steps + extra
     avoidable = avoidable + cost.per_context_token_s * reread
+    # The model prices steps as they run uninflated, while TTFT holds the inflation of
+    # its steps (a neighbour's theft, stalls): the extra steps are inflated alike, so the
+    # overhead is scaled by its own prefill steps' inflation (else a neighbour taking a
+    # third of each step would shrink the chunk's share of TTFT by a third).
+    avoidable = avoidable * _inflation_factor(pr)
     overhead_s = float(avoidable.mean()) if len(pr) else 0.0
     # In a closed loop held at its limit, a slot freed sooner also shortens the queue.
     factor = slot_factor(ctx)
@@ -82,6 +87,15 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     ids = (IdList("request", "most steps per prompt", tuple(most)),)
     value = value if np.isfinite(value) else 0.0
     return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity, action=action)
+
+
+def _inflation_factor(per_request) -> np.ndarray:
+    """Per request, its prefill steps' time over that time less their inflation (the
+    residual beyond the step cost model; analyzers/ttft.py): 1 where nothing inflated."""
+    window = sum(per_request[c].to_numpy("float64")
+                 for c in ("prefill_own_s", "step_overhead_s", "prefill_others_s"))  # fmt: skip
+    inflated = window + per_request["inflation_s"].to_numpy("float64")
+    return np.divide(inflated, window, out=np.ones(len(window)), where=window > 0)
 
 
 def _reread_context(chunks, requests) -> pd.Series:
