@@ -185,3 +185,12 @@ def test_another_faults_slowdown_lengthens_what_slow_input_is_a_share_of():
         labels.slow_input_label(d, cal, delay, by_class, 0.0, slower=k)
     )
     assert by_class["slow-input"] < alone
+
+
+def test_the_bursts_that_lengthen_ttft_are_their_share_never_negative():
+    """Beside slow-input, the bursts lengthen TTFT by their share at the schedule's ca²
+    (whether or not the rule's gate passes); a schedule smoother than Poisson adds none."""
+    sends = np.arange(40, dtype=float)  # constant: ca² 0
+    assert labels.schedule_ca2(sends, 4) == (pytest.approx(0.0), 35)
+    assert labels.burst_share(0.0, 0.5, 20.0, 0.01, 0.1) == 0.0
+    assert labels.burst_share(3.0, 0.5, 20.0, 0.01, 0.1) > 0.0

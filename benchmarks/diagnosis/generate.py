@@ -48,6 +48,7 @@ from .load_labels import (
     over_capacity_label,
     saturated_rate,
     schedule,
+    schedule_ca2,
     schedule_rate,
     slow_input_label,
     slowdown,
@@ -612,7 +613,8 @@ def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -
 
         sends, _ = schedule(spec)
         rels[classes.index("bursty")] = bursty_label(sends, spec.warmup, share_of)
-        bursts = min(0.9, 0.15 * rels[classes.index("bursty")])
+        # the bursts' share of TTFT (what lengthens it), whether or not the gate passes
+        bursts = min(0.9, share_of(schedule_ca2(sends, spec.warmup)[0]))
     if "client-cap" in classes:
         sends, outputs = schedule(spec)
         k = slowdown(d, scenario, cal, by_class, "client-cap")

@@ -168,15 +168,22 @@ def burst_share(ca2: float, rho: float, mu: float, ttft_s: float, cv2: float) ->
     return big * max(ca2 - 1, 0.0) / (ttft_s + big * (cv2 + ca2))
 
 
+def schedule_ca2(sends: np.ndarray, warmup: int) -> tuple[float, int]:
+    """ca² of the measured requests' send gaps, as the rule measures it, and the gaps'
+    count ((1.0, 0) with fewer than two gaps)."""
+    gaps = np.diff(np.sort(sends[warmup:]))
+    if len(gaps) < 2 or gaps.mean() <= 0:
+        return 1.0, 0
+    return float(gaps.var() / gaps.mean() ** 2), len(gaps)
+
+
 def bursty_label(sends: np.ndarray, warmup: int, share_of) -> float:
     """The bursts' share of TTFT at the schedule's own ca² (share_of(ca2)) over the rule's
     0.15, or ca² − 1 over twice its sampling noise 2.8/√n (the rule's gate), the smaller."""
-    due = np.sort(sends[warmup:])
-    gaps = np.diff(due)
-    if len(gaps) < 2 or gaps.mean() <= 0:
+    ca2, n = schedule_ca2(sends, warmup)
+    if n == 0:
         return 0.0
-    ca2 = float(gaps.var() / gaps.mean() ** 2)
-    return min(share_of(ca2) / 0.15, (ca2 - 1) / (2 * 2.8 / math.sqrt(len(gaps))))
+    return min(share_of(ca2) / 0.15, (ca2 - 1) / (2 * 2.8 / math.sqrt(n)))
 
 
 def over_capacity_label(rate_rps: float, cal) -> float:
