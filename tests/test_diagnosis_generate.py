@@ -330,3 +330,17 @@ def test_a_draw_the_engine_refuses_is_reported_not_fatal(tmp_path, monkeypatch, 
     refused = {"draw": "g5-0001", "error": "need 1 <= low <= high, got -4..-8"}
     assert saved["not_recorded"] == [refused]
     assert "not recorded: g5-0001" in capsys.readouterr().out
+
+
+def test_a_tight_pool_stretches_ttft_in_the_kv_model_and_a_roomy_one_does_not():
+    """slow-input's label beside kv-too-small (g2005-0042: ×1.35 labelled, 0.046 of TTFT
+    measured under a queue of 84 %): the pool's waits and re-queues lengthen the steps
+    from a send to its first token, by the same replay that labels the pool."""
+    loop = kv_model.ClosedLoop(clients=8, requests=32, prompt=(32, 96), output=(16, 48),
+                               max_seqs=8, budget=512, chunk=256)  # fmt: skip
+    at = kv_model.threshold_pool(loop)
+    assert kv_model.ttft_stretch(loop, loop.clients * loop.longest + 1) == pytest.approx(1.0)
+    assert kv_model.ttft_stretch(loop, at) > 1.5
+    assert kv_model.ttft_stretch(loop, max(loop.longest + 1, at // 2)) >= kv_model.ttft_stretch(
+        loop, at
+    )

@@ -37,7 +37,7 @@ from perfdiag.probes.faults import FaultOptions
 from perfdiag.probes.workload import PrefixSpec
 from perfdiag.traces.environment import machine_cores
 
-from .kv_model import ClosedLoop, threshold_pool
+from .kv_model import ClosedLoop, threshold_pool, ttft_stretch
 from .load_labels import (
     base_ttft,
     burst_share,
@@ -137,7 +137,9 @@ CLASSES: tuple[FaultClass, ...] = (
         0.25,
         "input delay d / (d + TTFT at the run's load)",
         "the delay is TTFT before the engine queue; fires at a share of 0.25 of TTFT at the "
-        "run's load: its clients', plus the queue another fault makes (load_labels)",
+        "run's load: its clients', plus the queue another fault makes (load_labels), "
+        "times another fault's step slowdown, or a tight pool's stretch of the steps to a "
+        "first token (kv_model.ttft_stretch)",
         None,
         "input",
         span=(0.3, 2.8),
@@ -624,10 +626,13 @@ def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -
         )  # fmt: skip
     if "slow-input" in classes:
         send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0
+        slower = slowdown(d, scenario, cal, by_class, "slow-input")
+        if "kv-too-small" in classes:  # the pool's waits and re-queues lengthen TTFT
+            loop = kv_loop(d, scenario.engine, scenario.workload["shared_prefix"])
+            slower *= ttft_stretch(loop, scenario.engine["kv_blocks"])
         rels[classes.index("slow-input")] = slow_input_label(
-            d, cal, delay, by_class, send_s,
-            slower=slowdown(d, scenario, cal, by_class, "slow-input"), bursts=bursts,
-        )  # fmt: skip
+            d, cal, delay, by_class, send_s, slower=slower, bursts=bursts
+        )
     if "chunk-too-small" in classes and len(classes) == 2:
         i = classes.index("chunk-too-small")
         send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0

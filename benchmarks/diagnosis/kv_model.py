@@ -58,20 +58,21 @@ class ClosedLoop:
 
 
 class _Req:
-    __slots__ = ("computed", "end", "generated", "held", "output", "preempted", "prompt",
-                 "tokens")  # fmt: skip
+    __slots__ = ("computed", "end", "first", "generated", "held", "output", "preempted",
+                 "prompt", "sent", "tokens")  # fmt: skip
 
     def __init__(self, prompt: int, output: int) -> None:
         self.prompt, self.output, self.end = prompt, output, prompt + output
         self.tokens = prompt  # prompt + sampled outputs (the last one not yet computed)
-        self.computed = self.generated = self.held = 0
+        self.computed = self.generated = self.held = self.sent = self.first = 0
         self.preempted = False
 
 
-def simulate(loop: ClosedLoop, pool: int, lengths: list[tuple[int, int]]) -> int:
+def simulate(loop: ClosedLoop, pool: int, lengths: list[tuple[int, int]], ttft=None) -> int:
     """Preemptions in one run of `loop` on a pool of `pool` blocks; `lengths` holds each
     request's (prompt, output) in sending order. Mirrors scheduler.Scheduler.schedule
-    (written for speed: the generator runs it a few hundred times per draw)."""
+    (written for speed: the generator runs it a few hundred times per draw). With a list
+    `ttft`, appends each request's steps from its send to its first token."""
     bs, ahead, chunk = loop.block, loop.reserve_tokens, loop.chunk
     water = int(loop.watermark * pool)
     queue = [_Req(p, o) for p, o in lengths]
@@ -89,7 +90,9 @@ def simulate(loop: ClosedLoop, pool: int, lengths: list[tuple[int, int]]) -> int
             total += max(0, -(-(t if t < r.end else r.end) // bs) - r.held)
         return total
 
+    step = 0
     while waiting or running:
+        step += 1
         budget, scheduled, preempted = loop.budget, [], False
         i = 0
         while i < len(running) and budget > 0:
@@ -148,13 +151,32 @@ def simulate(loop: ClosedLoop, pool: int, lengths: list[tuple[int, int]]) -> int
             if r.computed == r.tokens:
                 r.generated += 1
                 r.tokens += 1
+                if r.generated == 1 and ttft is not None:
+                    ttft.append(step - r.sent)
                 if r.generated == r.output:
                     running.remove(r)
                     free += r.held
                     if sent < len(queue):  # its client sends the next one
+                        queue[sent].sent = step
                         waiting.append(queue[sent])
                         sent += 1
     return preemptions
+
+
+def ttft_stretch(loop: ClosedLoop, pool: int, runs: int = 24, seed: int = 0) -> float:
+    """Mean steps from a request's send to its first token on `pool` blocks over the same
+    on a pool that never binds (every client at its longest): how much longer the pool's
+    waits and re-queues make TTFT (slow-input's label beside kv-too-small)."""
+    rng = random.Random(f"kv-model:{seed}")
+    tight, loose = [], []
+    roomy = loop.clients * loop.longest + 1
+    for _ in range(runs):
+        lengths = [(rng.randint(*loop.prompt), rng.randint(*loop.output))
+                   for _ in range(loop.requests)]  # fmt: skip
+        simulate(loop, pool, lengths, tight)
+        simulate(loop, roomy, lengths, loose)
+    mean_loose = sum(loose) / len(loose) if loose else 0.0
+    return (sum(tight) / len(tight)) / mean_loose if tight and mean_loose > 0 else 1.0
 
 
 def preemption_rate(loop: ClosedLoop, pool: int, runs: int = 24, seed: int = 0) -> float:
