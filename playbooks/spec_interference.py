@@ -20,14 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from .facts import TriageContext, ev
+from .facts_speculative import summary
 
 
 def spec_evidence(ctx: TriageContext, per_request) -> tuple:
     """For a speculative run with costs: others' share of TTFT at the best K
     (`without_spec_k_mismatch`) and without speculation (`without_spec_no_speedup`), as
     evaluate.py reads `without_<root>`. () for a run without speculation or its costs."""
-    from .facts_speculative import summary
-
     got = summary(ctx)
     if not isinstance(got, tuple):
         return ()
