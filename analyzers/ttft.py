@@ -39,6 +39,13 @@ PARTS = ("input_s", "queue_s", "cache_load_s", "prefill_own_s", "step_overhead_s
          "remainder_s")  # fmt: skip
 
 
+def prefill_steps_s(per_request: pd.DataFrame) -> np.ndarray:
+    """Per request, the modelled time of the steps in its prefill window: its own tokens,
+    the step overhead and others' work (inflation left out)."""
+    cols = ("prefill_own_s", "step_overhead_s", "prefill_others_s")
+    return sum(per_request[c].to_numpy("float64") for c in cols)
+
+
 @dataclass(frozen=True)
 class TtftParts:
     """Mean TTFT and mean parts over a set of requests (they add up to the TTFT)."""

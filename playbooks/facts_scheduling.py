@@ -8,6 +8,7 @@ import pandas as pd
 
 from ..analyzers.actions import Action, Setting, run_action
 from ..analyzers.findings import IdList
+from ..analyzers.ttft import prefill_steps_s
 from .advice import NO_ADVICE, OVERHEAD_TARGET
 from .facts import (
     Fact,
@@ -92,8 +93,7 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
 def _inflation_factor(per_request) -> np.ndarray:
     """Per request, its prefill steps' time over that time less their inflation (the
     residual beyond the step cost model; analyzers/ttft.py): 1 where nothing inflated."""
-    window = sum(per_request[c].to_numpy("float64")
-                 for c in ("prefill_own_s", "step_overhead_s", "prefill_others_s"))  # fmt: skip
+    window = prefill_steps_s(per_request)
     inflated = window + per_request["inflation_s"].to_numpy("float64")
     return np.divide(inflated, window, out=np.ones(len(window)), where=window > 0)
 

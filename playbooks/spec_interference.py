@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analyzers.ttft import prefill_steps_s
 from .facts import TriageContext, ev
 from .facts_speculative import summary
 
@@ -62,8 +63,6 @@ def _share_shed(per_request, shed: float) -> float:
     """Others' mean share of TTFT when every step of each prefill window sheds a share
     `shed` of its time, all of it others' work."""
     others = per_request["prefill_others_s"].to_numpy("float64")
-    window = others + per_request["prefill_own_s"].to_numpy("float64")
-    window = window + per_request["step_overhead_s"].to_numpy("float64")
-    saved = np.minimum(others, min(max(shed, 0.0), 1.0) * window)
+    saved = np.minimum(others, min(max(shed, 0.0), 1.0) * prefill_steps_s(per_request))
     ttft = float(per_request["ttft_s"].mean() - saved.mean())
     return float((others.mean() - saved.mean()) / ttft) if ttft > 0 else float("nan")

@@ -43,14 +43,10 @@ def _run(path, cores: int, process: float, others: float, switches_per_s: float)
     return write_run(path, steps, counters, "cuda", cores)
 
 
-def _lost(run) -> float:
-    return lost_share(run)
-
-
 def test_a_one_core_neighbour_starves_a_two_core_machine(tmp_path):
     # the behaviour on the machine the thresholds were set on
     run = _run(tmp_path / "r", cores=2, process=1.0, others=1.0, switches_per_s=2500)
-    assert _lost(run) >= WARNING
+    assert lost_share(run) >= WARNING
     host = analyze_serving(run).host
     assert host.starved_steps == pytest.approx(200, abs=5)
     # the loaded steps lost half their wall time: the CPU they got ran at the quiet pace
@@ -61,18 +57,18 @@ def test_the_same_figures_on_a_96_core_machine_are_not_contention(tmp_path):
     # one core of others is 1 % of the machine: the preemptions are the process's own
     run = _run(tmp_path / "r", cores=96, process=1.0, others=1.0, switches_per_s=2500)
     host = analyze_serving(run).host
-    assert host.starved_steps == 0 and _lost(run) == 0
+    assert host.starved_steps == 0 and lost_share(run) == 0
 
 
 def test_a_proportional_neighbour_on_96_cores_is_contention(tmp_path):
     # half the machine's cores busy with others, and the same preemption rate
     run = _run(tmp_path / "r", cores=96, process=1.0, others=48.0, switches_per_s=2500)
-    assert _lost(run) >= WARNING
+    assert lost_share(run) >= WARNING
 
 
 def test_a_saturating_neighbour_on_96_cores_is_contention_without_preemptions(tmp_path):
     run = _run(tmp_path / "r", cores=96, process=1.0, others=95.0, switches_per_s=0)
-    assert _lost(run) >= WARNING
+    assert lost_share(run) >= WARNING
 
 
 @pytest.mark.parametrize(("switches_per_s", "starved"), [(2500, False), (12_000, True)])
@@ -81,4 +77,4 @@ def test_preemptions_count_per_core_the_process_keeps_busy(tmp_path, switches_pe
     # than a neighbour sharing its cores would; 12 000 a second is every 3.3 ms each
     run = _run(tmp_path / "r", cores=96, process=40.0, others=20.0,
                switches_per_s=switches_per_s)  # fmt: skip
-    assert (_lost(run) >= WARNING) is starved
+    assert (lost_share(run) >= WARNING) is starved

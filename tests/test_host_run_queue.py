@@ -53,20 +53,16 @@ def _run(
     return write_run(path, steps, counters, "cpu", CORES)
 
 
-def _lost(run) -> float:
-    return lost_share(run)
-
-
 def test_a_neighbour_present_all_run_is_measured_by_the_wait(tmp_path):
     run = _run(tmp_path / "rq", others=1.5, waited_share=0.3)
-    assert _lost(run) == pytest.approx(0.3, abs=0.01)
+    assert lost_share(run) == pytest.approx(0.3, abs=0.01)
     host = analyze_serving(run).host
     assert host.run_queue_share == pytest.approx(0.3, abs=0.01)
     assert host.per_step["starved"].all()
 
 
 def test_a_wait_with_no_other_process_at_work_is_the_engines_own(tmp_path):
-    assert _lost(_run(tmp_path / "alone", others=0.0, waited_share=0.3)) == 0
+    assert lost_share(_run(tmp_path / "alone", others=0.0, waited_share=0.3)) == 0
 
 
 def test_a_wait_without_the_samplers_view_is_nobodys_loss(tmp_path):
@@ -75,12 +71,12 @@ def test_a_wait_without_the_samplers_view_is_nobodys_loss(tmp_path):
     called it a change of host contention): the wait is not read as others' loss."""
     run = _run(tmp_path / "rq", others=1.5, waited_share=0.3, switches=0, sampled=False)
     assert analyze_serving(run).host.run_queue_share == pytest.approx(0.3, abs=0.01)
-    assert _lost(run) == pytest.approx(0.0, abs=0.01)
+    assert lost_share(run) == pytest.approx(0.0, abs=0.01)
 
 
 def test_a_small_wait_beside_a_neighbour_is_not_starvation(tmp_path):
     run = _run(tmp_path / "small", others=1.0, waited_share=0.02)
-    assert _lost(run) == pytest.approx(0.02, abs=0.005)
+    assert lost_share(run) == pytest.approx(0.02, abs=0.005)
     assert not analyze_serving(run).host.per_step["starved"].any()
 
 

@@ -602,6 +602,7 @@ def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -
     rels = list(rels)
     spec = scenario.options().workload
     send_rps = schedule_rate(spec) if d.loop == "open" else float("nan")
+    send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0
     by_class = dict(zip(classes, rels, strict=True))
     delay = scenario.faults.input_delay_ms / 1e3 if scenario.faults else 0.0
     bursts = 0.0
@@ -625,7 +626,6 @@ def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -
             k * cal.e2e_s + delay,
         )  # fmt: skip
     if "slow-input" in classes:
-        send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0
         slower = slowdown(d, scenario, cal, by_class, "slow-input")
         if "kv-too-small" in classes:  # the pool's waits and re-queues lengthen TTFT
             loop = kv_loop(d, scenario.engine, scenario.workload["shared_prefix"])
@@ -635,7 +635,6 @@ def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -
         )
     if "chunk-too-small" in classes and len(classes) == 2:
         i = classes.index("chunk-too-small")
-        send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0
         rels[i] = chunk_label(d, cal, rels[i], scenario.engine["chunk_size"],
                               dict(zip(classes, rels, strict=True)), send_s, delay)  # fmt: skip
     return rels

@@ -56,15 +56,21 @@ class ClosedLoop:
         """Blocks of the longest request (the engine refuses a pool below it)."""
         return self.blocks(self.prompt[1] + self.output[1])
 
+    @property
+    def roomy(self) -> int:
+        """A pool that never binds: every client at its longest (the sum of blocks can
+        never exceed it)."""
+        return self.clients * self.longest + 1
+
 
 class _Req:
-    __slots__ = ("computed", "end", "first", "generated", "held", "output", "preempted",
-                 "prompt", "sent", "tokens")  # fmt: skip
+    __slots__ = ("computed", "end", "generated", "held", "output", "preempted", "prompt",
+                 "sent", "tokens")  # fmt: skip
 
     def __init__(self, prompt: int, output: int) -> None:
         self.prompt, self.output, self.end = prompt, output, prompt + output
         self.tokens = prompt  # prompt + sampled outputs (the last one not yet computed)
-        self.computed = self.generated = self.held = self.sent = self.first = 0
+        self.computed = self.generated = self.held = self.sent = 0
         self.preempted = False
 
 
@@ -167,14 +173,10 @@ def ttft_stretch(loop: ClosedLoop, pool: int, runs: int = 24, seed: int = 0) -> 
     """Mean steps from a request's send to its first token on `pool` blocks over the same
     on a pool that never binds (every client at its longest): how much longer the pool's
     waits and re-queues make TTFT (slow-input's label beside kv-too-small)."""
-    rng = random.Random(f"kv-model:{seed}")
     tight, loose = [], []
-    roomy = loop.clients * loop.longest + 1
-    for _ in range(runs):
-        lengths = [(rng.randint(*loop.prompt), rng.randint(*loop.output))
-                   for _ in range(loop.requests)]  # fmt: skip
+    for lengths in _runs(loop, runs, seed):
         simulate(loop, pool, lengths, tight)
-        simulate(loop, roomy, lengths, loose)
+        simulate(loop, loop.roomy, lengths, loose)
     mean_loose = sum(loose) / len(loose) if loose else 0.0
     return (sum(tight) / len(tight)) / mean_loose if tight and mean_loose > 0 else 1.0
 
@@ -182,13 +184,17 @@ def ttft_stretch(loop: ClosedLoop, pool: int, runs: int = 24, seed: int = 0) -> 
 def preemption_rate(loop: ClosedLoop, pool: int, runs: int = 24, seed: int = 0) -> float:
     """Mean preemptions per request over `runs` simulated runs of the loop's length
     distributions (the same draws for every pool: common random numbers)."""
-    rng = random.Random(f"kv-model:{seed}")
-    total = 0
-    for _ in range(runs):
-        lengths = [(rng.randint(*loop.prompt), rng.randint(*loop.output))
-                   for _ in range(loop.requests)]  # fmt: skip
-        total += simulate(loop, pool, lengths)
+    total = sum(simulate(loop, pool, lengths) for lengths in _runs(loop, runs, seed))
     return total / (runs * loop.requests)
+
+
+def _runs(loop: ClosedLoop, runs: int, seed: int):
+    """`runs` draws of every request's (prompt, output), the same for every pool (common
+    random numbers)."""
+    rng = random.Random(f"kv-model:{seed}")
+    for _ in range(runs):
+        yield [(rng.randint(*loop.prompt), rng.randint(*loop.output))
+               for _ in range(loop.requests)]  # fmt: skip
 
 
 def threshold_pool(loop: ClosedLoop, runs: int = 24, seed: int = 0) -> int:
@@ -200,7 +206,7 @@ def threshold_pool(loop: ClosedLoop, runs: int = 24, seed: int = 0) -> int:
     lo = loop.longest + 1
     if preemption_rate(loop, lo, runs, seed) < THRESHOLD:
         return lo
-    hi = loop.clients * loop.longest + 1  # the sum of blocks can never exceed it
+    hi = loop.roomy
     while hi - lo > 1:  # rate(lo) ≥ THRESHOLD > rate(hi)
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if preemption_rate(loop, mid, runs, seed) >= THRESHOLD else (lo, mid)
