@@ -49,7 +49,7 @@ FACT_MEASURES: dict[str, Measure] = {
     "ttft_part_share": Measure("TTFT in {part}", "%"),
     "ttft_overhead": Measure("TTFT that is not the request's own prefill", "%"),
     "cold_starvation": Measure("cold-prefix TTFT waiting beyond hot-prefix requests", "%"),
-    "chunk_overhead": Measure("TTFT in step cost beyond the first prefill step", "%"),
+    "chunk_overhead": Measure("TTFT in step cost and gaps beyond the first prefill step", "%"),
     "itl_spike": Measure("worst 1 % of ITL over the median", "×"),
     "itl_tail_share": Measure("ITL spikes from {cause}", "%"),
     "server_ttft_parts": Measure("TTFT queued in the server (its own record)", "%"),

@@ -159,8 +159,15 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
         if c.queue_share:
             if _closed_loop(fired[c.id]):
                 return False
-            busy = _evidence(fired[root], "engine_busy_pct")
-            return not queue_share_without_loss(value, loss, busy) >= c.threshold
+            # A fact that knows its queue's ρ (the slots' load where the sequence cap
+            # held it) is judged by it, else by the engine's busy share; one that is a
+            # part of the queue (the bursts') scales with the whole queue's share.
+            busy = _evidence(fired[c.id], "slot_load")
+            busy = busy if busy == busy else _evidence(fired[root], "engine_busy_pct")
+            queue = _evidence(fired[c.id], "queue_pct")
+            part = value / queue if queue == queue and queue >= value > 0 else 1.0
+            whole = queue if part < 1.0 else value
+            return not queue_share_without_loss(whole, loss, busy) * part >= c.threshold
         return True
 
     def root_of(check: str) -> str | None:

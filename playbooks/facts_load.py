@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyzers.actions import Setting, run_action
+from ..analyzers.replicas import replicas_of
 from .advice import NO_ADVICE, seq_cap_advice
 from .facts import (
     Fact,
@@ -326,6 +327,8 @@ def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
     thr = ctx.serving.metrics.throughput.requests_per_s
     impact = ttft_impact(ctx, frame, "burst_s")
     lim = ctx.get("limits")
+    arrival_rps = (len(sent) - 1) / span if span > 0 else float("nan")
+    load = _slot_load(ctx, lim, arrival_rps, service_time)
     advice, action = NO_ADVICE
     if value > 0 and lim is not None and lim.binding == "max_num_seqs":
         advice, action = seq_cap_advice(ctx, lim, target="ttft.p90")
@@ -336,7 +339,7 @@ def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
             "the mean."
         )
     evidence = (
-        ev("arrival_rps", "mean arrival rate", (len(sent) - 1) / span if span > 0 else None,
+        ev("arrival_rps", "mean arrival rate", arrival_rps if finite(arrival_rps) else None,
            "req/s"),
         ev("completion_rps", "completion rate", thr, "req/s"),
         ev("peak_rps", f"peak arrivals over {ms(window):.0f} ms", counts.max() / window, "req/s"),
@@ -344,6 +347,10 @@ def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
         ev("cs2", "service variability cs²", cs2),
         ev("ca2_noise", "sampling noise of ca²", noise),
         ev("queue_ms", "mean queue wait", ms(float(np.mean(queue))), "ms"),
+        # What a loss's share of the queue is judged by (playbooks/evaluate.covers).
+        ev("queue_pct", "queue wait's share of TTFT", share(float(np.mean(queue)),
+                                                            t.mean.ttft_s), "%"),
+        ev("slot_load", "load on the sequence slots (arrivals × service ÷ slots)", load, "%"),
         ev("ttft_ms", "mean TTFT", ms(t.mean.ttft_s), "ms"),
         ev("requests", "measured requests", len(sent)),
         ev("burst_advice", "advice", advice),
@@ -351,6 +358,18 @@ def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
     )  # fmt: skip
     ids = (worst(frame, "burst_s", "most queue wait from bursts"),)
     return Fact(value, evidence, ids, impact=value, max_severity=impact.max_severity, action=action)
+
+
+def _slot_load(ctx: TriageContext, lim, arrival_rps: float, service_s: float) -> float:
+    """The queue's utilisation ρ where the sequence cap held it: requests hold a slot for
+    their service time, so λ · service is the slots in use on average (Little's law), of
+    max_num_seqs per replica. The engine's busy share is no ρ for a batching loop: it
+    steps while any request runs, at any batch. NaN where another limit held the queue."""
+    if lim is None or lim.binding != "max_num_seqs" or not lim.max_num_seqs:
+        return float("nan")
+    slots = lim.max_num_seqs * max(1, len(replicas_of(ctx.run.steps)))
+    load = arrival_rps * service_s / slots
+    return float(load) if finite(load) else float("nan")
 
 
 @fact("schedule_vs_target", provides=("target_rps", "planned_rps", "requests", "noise_pct"))

@@ -29,9 +29,9 @@ UNPRICED_STEP = 8  # how far to enlarge a slice whose tokens the model cannot pr
 
 @fact(
     "chunk_overhead",
-    provides=("chunk", "steps_per_prefill", "overhead_ms", "slot_factor", "queue_ms", "ttft_ms",
-              "fixed_ms", "chunk_ms", "per_token_us", "advice", "mean_gain", "tail_gain",
-              "slo_gain"),
+    provides=("chunk", "steps_per_prefill", "overhead_ms", "gap_ms", "without_host_bound",
+              "slot_factor", "queue_ms", "ttft_ms", "fixed_ms", "chunk_ms", "per_token_us",
+              "advice", "mean_gain", "tail_gain", "slo_gain"),
 )  # fmt: skip
 def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     """Share of the mean TTFT that prompts pay in fixed step costs beyond their first
@@ -59,21 +59,33 @@ def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
     # overhead is scaled by its own prefill steps' inflation (else a neighbour taking a
     # third of each step would shrink the chunk's share of TTFT by a third).
     avoidable = avoidable * _inflation_factor(pr)
+    # Between its steps the prompt also waits the host's gap (scheduling, a host-bound
+    # loop's stall): one step has no gap inside its window, so every gap is the slicing's.
+    gaps = np.where(steps > 1, pr["host_gap_s"].to_numpy("float64"), 0.0)
+    own_s = float(avoidable.mean()) if len(pr) else 0.0
+    avoidable = avoidable + gaps
     overhead_s = float(avoidable.mean()) if len(pr) else 0.0
     # In a closed loop held at its limit, a slot freed sooner also shortens the queue.
     factor = slot_factor(ctx)
     avoidable = avoidable * factor
     frame = pr.assign(avoidable_overhead_s=avoidable)
     value = min(share(float(avoidable.mean()), t.mean.ttft_s), 1.0) if len(pr) else 0.0
+    # The slicing's own share were the host gaps gone (host-bound fixed): the check is
+    # host-bound's consequence when that falls below its threshold (playbooks/evaluate).
+    gap_s = float(gaps.mean()) if len(pr) else 0.0
+    without_gaps = share(own_s * factor, t.mean.ttft_s - gap_s * factor) if len(pr) else 0.0
     queue_ms = ms(overhead_s * (factor - 1.0)) if factor > 1.0 else None
     impact = ttft_impact(ctx, frame, "avoidable_overhead_s")
     chunk = ctx.chunk_size
-    advice, action = _slice_advice(ctx, cost, chunk, ctx.get("composition"))
+    gap_per_step = share(float(gaps.sum()), float(np.maximum(steps - 1, 0).sum()))
+    advice, action = _slice_advice(ctx, cost, chunk, ctx.get("composition"), gap_per_step)
     evidence = (
         ev("chunk", "prefill chunk", f"{chunk} tokens" if chunk else "whole prompts"),
         ev("steps_per_prefill", "steps per prompt (mean)", float(steps.mean())),
-        ev("overhead_ms", "fixed cost beyond the first step, per request", ms(overhead_s),
-           "ms"),
+        ev("overhead_ms", "fixed cost and host gaps beyond the first step, per request",
+           ms(overhead_s), "ms"),
+        ev("gap_ms", "of which host gaps between its steps", ms(gap_s), "ms"),
+        ev("without_host_bound", "share were the host gaps gone", min(without_gaps, 1.0)),
         ev("slot_factor", "TTFT per second of slot time (a closed loop's queue grows with it)",
            factor),
         ev("queue_ms", "queue it adds, per request (closed loop)", queue_ms, "ms"),
@@ -125,11 +137,12 @@ def _steps_phrase(mean_prompt: float, longest: int, best: int, now: int) -> str:
     return f"{which} then takes {after} step{'s' * (after != 1)} instead of {before}"
 
 
-def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:
+def _slice_advice(ctx, cost, chunk, comp, gap_s: float) -> tuple[str, Action | None]:
     """What cuts prompts into many steps — the chunk size or the token budget (whichever
     is smaller) — and the value at which a step's fixed cost is at most OVERHEAD_TARGET
-    of a slice's cost, bounded by the longest prompt; what it saves and what a slice
-    then costs decodes. ("", None) when no larger slice is possible."""
+    of a slice's cost, bounded by the longest prompt; what it saves (the model's step
+    costs and the run's host gap of `gap_s` per step) and what a slice then costs
+    decodes. ("", None) when no larger slice is possible."""
     a = cost.per_prefill_token_s
     prompts = ctx.run.requests["prompt_tokens"].to_numpy("float64", na_value=np.nan)
     if not np.isfinite(prompts).any():
@@ -159,6 +172,8 @@ def _slice_advice(ctx, cost, chunk, comp) -> tuple[str, Action | None]:
     lengths = prompts[np.isfinite(prompts)]
     # Per request, then averaged: prompts just above a slice pay a whole extra step.
     saved = float(np.mean(cost.prefill_time_s(lengths, now) - cost.prefill_time_s(lengths, best)))
+    if np.isfinite(gap_s):
+        saved += gap_s * float(np.mean(np.ceil(lengths / now) - np.ceil(lengths / best)))
     steps = _steps_phrase(mean_prompt, longest, best, now)
     chunk_to = Setting("engine.chunk_size", chunk, best)
     budget_to = Setting("engine.max_batched_tokens", budget, best + decodes)

@@ -118,11 +118,27 @@ def test_a_small_chunk_beside_a_cap_queue_is_a_smaller_share_of_ttft():
     starve = generate.Fault("cold-starvation", 1.5, {"cap": 3, "clients": 6})
     pair = dataclasses.replace(d, faults=(*d.faults, starve))
     rel = labels.chunk_label(pair, cal, 2.84, 96, {"chunk-too-small": 2.84}, 0.0, 0.0)
-    p = sum(d.prompt) / 2
-    ttft = p * 1.2e-5 + math.ceil(p / 96) * 0.0014
+    p = np.arange(d.prompt[0], d.prompt[1] + 1)  # the prompts' mean TTFT over their range
+    ttft = float(np.mean(p * 1.2e-5 + np.ceil(p / 96) * 0.0014))
     over = 0.15 * 2.84 * ttft
     assert rel == pytest.approx(2 * over / (ttft + (2 - 1) * (0.0186 + over)) / 0.15)
     assert rel < 2.84 / 1.5
+
+
+def test_a_slice_costs_its_fixed_cost_and_host_gap_over_the_prompts_range():
+    """g2005-0007: prompts 192-384 in 288-token slices. At the mean prompt (288) one
+    slice: ×0.00; over the range the longer half takes two steps, each paying the fixed
+    cost and the host's gap (measured 0.89-1.04 of the rule's 0.15)."""
+    cal = _cal(fixed_s=0.00142, token_s=1.2e-5, gap_s=0.00023)
+    share = labels.slice_share((192, 384), 288, cal)
+    p = np.arange(192, 385)
+    n = np.ceil(p / 288)
+    step = 0.00142 + 0.00023
+    assert share == pytest.approx(np.mean((n - 1) * step) / np.mean(p * 1.2e-5 + n * step))
+    assert 0.9 < share / 0.15 < 1.3
+    assert labels.slice_share((192, 288), 288, cal) == 0.0  # every prompt in one slice
+    no_gap = labels.slice_share((192, 384), 288, _cal(fixed_s=0.00142, token_s=1.2e-5))
+    assert no_gap < share
 
 
 def test_a_client_cap_blocks_when_the_slots_are_full_at_a_due_time():
@@ -187,10 +203,22 @@ def test_another_faults_slowdown_lengthens_what_slow_input_is_a_share_of():
     assert by_class["slow-input"] < alone
 
 
-def test_the_bursts_that_lengthen_ttft_are_their_share_never_negative():
-    """Beside slow-input, the bursts lengthen TTFT by their share at the schedule's ca²
-    (whether or not the rule's gate passes); a schedule smoother than Poisson adds none."""
+def test_the_bursts_share_is_never_negative():
+    """A schedule smoother than Poisson adds no bursts' share."""
     sends = np.arange(40, dtype=float)  # constant: ca² 0
     assert labels.schedule_ca2(sends, 4) == (pytest.approx(0.0), 35)
     assert labels.burst_share(0.0, 0.5, 20.0, 0.01, 0.1) == 0.0
     assert labels.burst_share(3.0, 0.5, 20.0, 0.01, 0.1) > 0.0
+
+
+def test_beside_bursts_slow_input_is_a_share_of_ttft_with_the_whole_queue():
+    """g2007-0010: bursty arrivals (ca² 1.47) at ρ 0.61 of 133 req/s lengthen a 2.1 ms
+    TTFT by Kingman's whole wait (the Poisson part too), so a 1.27 ms delay is ~10 % of
+    it: ×0.39 (measured 0.079 of an 18 ms TTFT) where the bursts' part alone said ×1.25."""
+    cal = _cal(ttft_s=0.00213, capacity_rps=133.0)
+    d = _slow_input(d_loop="open", clients=0.61)
+    wait = labels.kingman_wait(1.47, 0.61, 133.0, 0.1)
+    assert wait == pytest.approx(0.61 / 0.39 * 1.57 / 266)
+    rel = labels.slow_input_label(d, cal, 0.00127, {}, 0.0, wait_s=wait)
+    assert rel == pytest.approx(0.00127 / (0.00127 + 0.00213 + wait) / 0.25)
+    assert rel < 1 < labels.slow_input_label(d, cal, 0.00127, {}, 0.0)

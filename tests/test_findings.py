@@ -235,6 +235,53 @@ def test_gaps_between_the_steps_of_a_sliced_prompt_are_the_slicings():
     assert by["ttft-host-gaps"].consequence_of == "chunk-too-small"
 
 
+def test_a_sliced_prompts_host_gaps_are_host_bounds_unless_the_slicing_stands_alone():
+    """chunk-too-small counts the host gaps between a prompt's steps (g2007-0002: 51 ms a
+    step, 6.9 steps a prompt: 0.11 of TTFT without them, 0.53 with). With the gaps gone
+    (`without_host_bound`) a slicing still above its threshold is a cause of its own;
+    below it, the gaps are host-bound's and so is the finding."""
+    book = load_playbook()
+
+    def ranked(without):
+        alone = (Evidence("without_host_bound", "share without the gaps", without),)
+        found = [_f_value("host-bound", 3, "critical", 0.61),
+                 Finding("chunk-too-small", 3, "", "critical", "", "", (), alone, (), (),
+                         0.52, 0.52)]  # fmt: skip
+        return {f.check: f for f in _rank(found, book)}
+
+    stands = ranked(0.18)["chunk-too-small"]
+    assert stands.consequence_of is None and stands.rank == 2
+    assert stands.cause == ("in part from", "host-bound")
+    assert ranked(0.05)["chunk-too-small"].consequence_of == "host-bound"
+
+
+def test_bursts_at_the_slots_load_are_no_neighbours():
+    """g2004-0008: bursts make 27 % of TTFT (the queue 71 %) in an open loop whose engine
+    steps 61 % of the time, beside a neighbour taking 41 %. Read as if the bursts' part
+    were the whole queue at the engine's busy share, they fall to 12 % without it (the
+    neighbour's). The bursts are a part of the queue, which shrinks by Kingman's factor
+    as a whole, and the queue's ρ is the sequence slots' load (arrivals × service ÷
+    slots: 0.47): the bursts keep ~19 % — a cause of their own."""
+    book = load_playbook()
+
+    def ranked(*queue):
+        busy = (Evidence("engine_busy_pct", "engine busy", 0.61, "%"),)
+        found = [Finding("host-contention", 4, "", "warning", "", "", (), busy, (), (),
+                         0.41, 0.41),
+                 Finding("bursty-load", 2, "", "warning", "", "", (), queue, (), (),
+                         0.268, 0.268)]  # fmt: skip
+        return {f.check: f for f in _rank(found, book)}["bursty-load"]
+
+    assert queue_share_without_loss(0.268, 0.41, 0.61) < 0.15
+    assert ranked().consequence_of == "host-contention"
+    whole = Evidence("queue_pct", "queue", 0.71, "%")
+    slots = Evidence("slot_load", "slots' load", 0.47, "%")
+    found = ranked(whole, slots)
+    assert found.consequence_of is None and found.cause == ("in part from", "host-contention")
+    share = queue_share_without_loss(0.71, 0.41, 0.47) * 0.268 / 0.71
+    assert 0.15 < share < 0.25
+
+
 def test_a_queue_without_the_loss():
     assert queue_share_without_loss(0.4, 0.0, 0.5) == pytest.approx(0.4)  # no loss
     light, heavy = (queue_share_without_loss(0.4, 0.12, b) for b in (0.16, 0.97))

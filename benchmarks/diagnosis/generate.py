@@ -45,11 +45,13 @@ from .load_labels import (
     capacity,
     chunk_label,
     client_cap_label,
+    kingman_wait,
     over_capacity_label,
     saturated_rate,
     schedule,
     schedule_ca2,
     schedule_rate,
+    slice_share,
     slow_input_label,
     slowdown,
 )
@@ -159,8 +161,9 @@ CLASSES: tuple[FaultClass, ...] = (
         "chunk-too-small",
         "chunk-too-small",
         0.15,
-        "extra steps' fixed cost / TTFT, / 0.15",
-        "(n − 1)·F / (P·a + n·F), n = ⌈P/chunk⌉ at the mean prompt P; F and a calibrated",
+        "extra steps' fixed cost and host gaps / TTFT, / 0.15",
+        "E[(n − 1)·(F + g)] / E[P·a + n·(F + g)], n = ⌈P/chunk⌉ over the prompts' range; "
+        "F, a and the host gap g calibrated",
         None,
         "slice lengths",
         span=(0.3, 3.0),
@@ -429,6 +432,7 @@ class Calibration:
     engine_cores: float = 1.0  # CPU per second of step at capacity, at least one core
     saturated_rps: float = float("nan")  # completions/s with every slot full (load_labels)
     ttft_full_s: float = float("nan")  # mean TTFT at max_seqs clients
+    gap_s: float = 0.0  # median host gap between one client's steps (0: not measured)
 
 
 def relative_of(f: Fault, d: Draw, cal: Calibration | None) -> float:
@@ -491,11 +495,6 @@ def _cv2_uniform(bounds: tuple[int, int]) -> float:
     return ((b - a) ** 2 / 12) / _mean(bounds) ** 2
 
 
-def _slice_share(p: float, c: float, cal: Calibration) -> float:
-    n = math.ceil(p / max(c, 1))
-    return (n - 1) * cal.fixed_s / (p * cal.token_s + n * cal.fixed_s)
-
-
 def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]:
     """The scenario to record (workload seed k) and each fault's relative magnitude."""
     engine = dict(d.engine)
@@ -533,11 +532,11 @@ def build(d: Draw, cal: Calibration, k: int = 0) -> tuple[Scenario, list[float]]
             rel = (s0 * cal.step_s + g) / (cal.step_s + g) / 0.4
             faults["step_gap_ms"] = round(1e3 * g, 3)
         elif f.cls in ("chunk-too-small", "token-budget"):
-            p = _mean(d.prompt)
             decodes = (clients - 1) if f.cls == "token-budget" else 0
             target = 0.15 * rel
-            best = min(range(4, 513), key=lambda c: abs(_slice_share(p, c, cal) - target))
-            rel = _slice_share(p, best, cal) / 0.15
+            shares = {c: slice_share(d.prompt, c, cal) for c in range(4, 513)}
+            best = min(shares, key=lambda c: abs(shares[c] - target))
+            rel = shares[best] / 0.15
             if f.cls == "chunk-too-small":
                 engine["chunk_size"] = best
             else:
@@ -605,7 +604,7 @@ def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -
     send_s = (spec.requests - spec.warmup) / send_rps if send_rps > 0 else 0.0
     by_class = dict(zip(classes, rels, strict=True))
     delay = scenario.faults.input_delay_ms / 1e3 if scenario.faults else 0.0
-    bursts = 0.0
+    wait = 0.0
     if "over-capacity" in classes:
         rels[classes.index("over-capacity")] = over_capacity_label(send_rps, cal)
     if "bursty" in classes:
@@ -616,8 +615,10 @@ def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -
 
         sends, _ = schedule(spec)
         rels[classes.index("bursty")] = bursty_label(sends, spec.warmup, share_of)
-        # the bursts' share of TTFT (what lengthens it), whether or not the gate passes
-        bursts = min(0.9, share_of(schedule_ca2(sends, spec.warmup)[0]))
+        # the queue wait at the schedule's ca² (what lengthens TTFT), whether or not the
+        # gate passes
+        ca2 = schedule_ca2(sends, spec.warmup)[0]
+        wait = kingman_wait(ca2, d.load, cal.capacity_rps, cv2)
     if "client-cap" in classes:
         sends, outputs = schedule(spec)
         k = slowdown(d, scenario, cal, by_class, "client-cap")
@@ -631,7 +632,7 @@ def _labels_at_load(d: Draw, cal: Calibration, scenario: Scenario, rels: list) -
             loop = kv_loop(d, scenario.engine, scenario.workload["shared_prefix"])
             slower *= ttft_stretch(loop, scenario.engine["kv_blocks"])
         rels[classes.index("slow-input")] = slow_input_label(
-            d, cal, delay, by_class, send_s, slower=slower, bursts=bursts
+            d, cal, delay, by_class, send_s, slower=slower, wait_s=wait
         )
     if "chunk-too-small" in classes and len(classes) == 2:
         i = classes.index("chunk-too-small")
@@ -712,6 +713,8 @@ def calibrate(d: Draw, root: Path) -> Calibration:
         if n > 0
     ]
     durn = (rn.steps["end_ns"] - rn.steps["start_ns"]).to_numpy() / 1e9
+    by_start = steps.sort_values("start_ns")  # each step's end to the next one's start
+    gaps = (by_start["start_ns"].to_numpy()[1:] - by_start["end_ns"].to_numpy()[:-1]) / 1e9
     cal = Calibration(
         capacity_rps=float(mn.throughput.requests_per_s),
         ttft_s=float(m1.ttft_s.mean),
@@ -723,6 +726,7 @@ def calibrate(d: Draw, root: Path) -> Calibration:
         saturated_rps=saturated_rate(_done_s(mn.per_request), clients),
         ttft_full_s=float(mn.ttft_s.mean),
         engine_cores=_engine_cores(rn),
+        gap_s=max(0.0, float(np.median(gaps))) if len(gaps) else 0.0,
     )
     _CALIBRATIONS[key] = cal
     return cal

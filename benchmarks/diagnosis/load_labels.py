@@ -165,7 +165,12 @@ def burst_share(ca2: float, rho: float, mu: float, ttft_s: float, cv2: float) ->
     """The bursts' share of TTFT by Kingman at one server of rate mu: the wait beyond a
     Poisson stream's, ρ/(1−ρ)·(ca² − 1)/(2μ), over TTFT with the whole wait."""
     big = rho / (1 - rho) / (2 * mu)
-    return big * max(ca2 - 1, 0.0) / (ttft_s + big * (cv2 + ca2))
+    return big * max(ca2 - 1, 0.0) / (ttft_s + kingman_wait(ca2, rho, mu, cv2))
+
+
+def kingman_wait(ca2: float, rho: float, mu: float, cv2: float) -> float:
+    """Kingman's mean queue wait at one server of rate mu: ρ/(1−ρ)·(ca² + cs²)/(2μ)."""
+    return rho / (1 - rho) * (ca2 + cv2) / (2 * mu)
 
 
 def schedule_ca2(sends: np.ndarray, warmup: int) -> tuple[float, int]:
@@ -192,16 +197,18 @@ def over_capacity_label(rate_rps: float, cal) -> float:
 
 
 def slow_input_label(
-    d, cal, delay_s: float, rels: dict, send_s: float, slower: float = 1.0, bursts: float = 0.0
+    d, cal, delay_s: float, rels: dict, send_s: float, slower: float = 1.0, wait_s: float = 0.0
 ) -> float:
     """The delay's share of TTFT at the run's load, over the rule's 0.25. `rels`: the
     other faults' labels by class; `send_s`: an open loop's sending time; `slower`: every
-    step's slowdown by the other fault (slowdown); `bursts`: the bursts' share of TTFT. A
+    step's slowdown by the other fault (slowdown); `wait_s`: bursty arrivals' whole queue
+    wait (Kingman's, the Poisson part too: g2007-0010 labelled ×1.25 by the bursts' part
+    alone measured 0.08 of an 18 ms TTFT, 74 % of it queue). A
     cap below the clients (seq-cap, cold-starvation) queues each request (k/c − 1)
     unloaded E2Es (the seq-cap model), TTFT there runs at c clients; over-capacity's
     queue is the fluid model's mean wait; a small chunk or budget makes its share of TTFT
     extra steps."""
-    ttft = base_ttft(d, cal) * slower / max(0.05, 1 - bursts)
+    ttft = (base_ttft(d, cal) + wait_s) * slower
     for f in d.faults:
         if f.cls in ("seq-cap", "cold-starvation"):
             k, c = f.knobs["clients"], f.knobs["cap"]
@@ -215,16 +222,33 @@ def slow_input_label(
     return input_share(delay_s, ttft) / 0.25
 
 
+def sliced(prompt: tuple[int, int], chunk: float, cal) -> tuple[float, float]:
+    """A prompt's mean cost beyond its first step and its mean TTFT, prompts uniform over
+    the draw's range cut into n = ⌈P / chunk⌉ slices: (n − 1)·(F + g) and P·a + n·(F + g),
+    each step paying the fixed cost F and the host's gap g before the next (what the
+    rule counts). Over the range, not at the mean prompt: a mean prompt in one slice said
+    ×0.00 where the longer half took two steps (g2005-0007: measured 0.14, 1.5 steps)."""
+    p = np.arange(prompt[0], prompt[1] + 1, dtype=float)
+    n = np.ceil(p / max(chunk, 1))
+    step = cal.fixed_s + getattr(cal, "gap_s", 0.0)
+    return float(((n - 1) * step).mean()), float((p * cal.token_s + n * step).mean())
+
+
+def slice_share(prompt: tuple[int, int], chunk: float, cal) -> float:
+    """The slicing's share of TTFT alone: sliced's ratio of means (as the rule's)."""
+    over, ttft = sliced(prompt, chunk, cal)
+    return over / ttft if ttft > 0 else 0.0
+
+
 def chunk_label(d, cal, rel: float, chunk: int, rels: dict, send_s: float, delay_s: float):
     """chunk-too-small's share at the run's TTFT, over the rule's 0.15. Alone its model is
-    (n − 1)·F / (P·a + n·F); another fault's queue or delay adds to the TTFT the extra
-    steps are a share of. Under a cap below the clients each request also waits (k/c − 1)
-    services for the slots, and the extra steps lengthen every service: the check counts
-    that queue as the chunk's (its closed-loop factor), so the overhead counts k/c times
-    (g2000-0099: ×2.84 alone, ×0.82-1.0 measured beside cold-starvation's queue)."""
-    p = sum(d.prompt) / 2
-    n = math.ceil(p / max(chunk, 1))
-    ttft = p * cal.token_s + n * cal.fixed_s  # the model's TTFT with the small chunk
+    the slices' cost over TTFT (sliced); another fault's queue or delay adds to the TTFT
+    the extra steps are a share of. Under a cap below the clients each request also waits
+    (k/c − 1) services for the slots, and the extra steps lengthen every service: the
+    check counts that queue as the chunk's (its closed-loop factor), so the overhead
+    counts k/c times (g2000-0099: ×2.84 alone, ×0.82-1.0 measured beside
+    cold-starvation's queue)."""
+    ttft = sliced(d.prompt, chunk, cal)[1]  # the model's TTFT with the small chunk
     over = 0.15 * rel * ttft  # the extra steps' cost per request
     times = 1.0
     for f in d.faults:
