@@ -96,6 +96,18 @@ def test_runs_a_rerun_cannot_recreate_say_why(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def test_a_sliced_prompt_pays_the_host_gap_of_every_step_beyond_its_first(sliced):
+    """The sliced run waits at least its injected 0.2 ms between steps: chunk-too-small
+    counts that gap for every step but a prompt's first, and says what its share would be
+    without the gaps."""
+    f = run_triage(TriageContext(load_run(sliced))).by_check("chunk-too-small")
+    e = {x.name: x.value for x in f.evidence}
+    assert e["steps_per_prefill"] > 5
+    assert e["gap_ms"] >= 0.2 * (e["steps_per_prefill"] - 1) * 0.9
+    assert e["gap_ms"] < e["overhead_ms"]
+    assert 0 < e["without_host_bound"] < f.value
+
+
 def test_verify_advice_applies_the_top_advice_and_the_target_improves(sliced, tmp_path):
     triage = run_triage(TriageContext(load_run(sliced)))
     top = triage.top
