@@ -3,6 +3,7 @@ findings.json, report.md with figures, and runs that lack tables (steps not eval
 with the reason)."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -280,6 +281,25 @@ def test_bursts_at_the_slots_load_are_no_neighbours():
     assert found.consequence_of is None and found.cause == ("in part from", "host-contention")
     share = queue_share_without_loss(0.71, 0.41, 0.47) * 0.268 / 0.71
     assert 0.15 < share < 0.25
+
+
+def test_the_slots_load_is_arrivals_times_service_over_the_slots_where_the_cap_held():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from perfdiag.playbooks.facts_load import _slot_load
+
+    def ctx(replicas):
+        steps = pd.DataFrame({"replica": replicas}) if replicas else pd.DataFrame()
+        return SimpleNamespace(run=SimpleNamespace(steps=steps))
+
+    cap = SimpleNamespace(binding="max_num_seqs", max_num_seqs=4)
+    assert _slot_load(ctx([]), cap, 33.36, 0.0562) == pytest.approx(33.36 * 0.0562 / 4)
+    assert _slot_load(ctx([0, 1, 0]), cap, 33.36, 0.0562) == pytest.approx(33.36 * 0.0562 / 8)
+    kv = SimpleNamespace(binding="kv_blocks", max_num_seqs=4)  # another limit held it
+    assert math.isnan(_slot_load(ctx([]), kv, 33.36, 0.0562))
+    assert math.isnan(_slot_load(ctx([]), None, 33.36, 0.0562))
 
 
 def test_a_queue_without_the_loss():
