@@ -34,9 +34,10 @@ UNPRICED_STEP = 8  # how far to enlarge a slice whose tokens the model cannot pr
               "advice", "mean_gain", "tail_gain", "slo_gain"),
 )  # fmt: skip
 def chunk_overhead(ctx: TriageContext) -> Fact | Unavailable:
-    """Share of the mean TTFT that prompts pay in fixed step costs beyond their first
-    prefill step: a prompt cut into n chunks pays a step's fixed cost n times, and all
-    but one of those could be saved by larger chunks."""
+    """Share of the mean TTFT that prompts pay in fixed step costs and host gaps beyond
+    their first prefill step: a prompt cut into n chunks pays a step's fixed cost n times
+    and waits the gap between steps n − 1 times, and all but one step of those could be
+    saved by larger chunks."""
     t, cost = ctx.get("ttft"), ctx.get("step_cost")
     if t is None:
         return ctx.missing("ttft")
