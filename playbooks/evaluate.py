@@ -166,8 +166,7 @@ def _rank(findings: list[Finding], playbook: Playbook) -> tuple[Finding, ...]:
             busy = busy if busy == busy else _evidence(fired[root], "engine_busy_pct")
             queue = _evidence(fired[c.id], "queue_pct")
             part = value / queue if queue == queue and queue >= value > 0 else 1.0
-            whole = queue if part < 1.0 else value
-            return not queue_share_without_loss(whole, loss, busy) * part >= c.threshold
+            return not queue_share_without_loss(value / part, loss, busy) * part >= c.threshold
         return True
 
     def root_of(check: str) -> str | None:

@@ -329,6 +329,7 @@ def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
     lim = ctx.get("limits")
     arrival_rps = (len(sent) - 1) / span if span > 0 else float("nan")
     load = _slot_load(ctx, lim, arrival_rps, service_time)
+    queue_share = share(float(np.mean(queue)), t.mean.ttft_s)
     advice, action = NO_ADVICE
     if value > 0 and lim is not None and lim.binding == "max_num_seqs":
         advice, action = seq_cap_advice(ctx, lim, target="ttft.p90")
@@ -348,8 +349,7 @@ def burst_queueing(ctx: TriageContext) -> Fact | Unavailable:
         ev("ca2_noise", "sampling noise of ca²", noise),
         ev("queue_ms", "mean queue wait", ms(float(np.mean(queue))), "ms"),
         # What a loss's share of the queue is judged by (playbooks/evaluate.covers).
-        ev("queue_pct", "queue wait's share of TTFT", share(float(np.mean(queue)),
-                                                            t.mean.ttft_s), "%"),
+        ev("queue_pct", "queue wait's share of TTFT", queue_share, "%"),
         ev("slot_load", "load on the sequence slots (arrivals × service ÷ slots)", load, "%"),
         ev("ttft_ms", "mean TTFT", ms(t.mean.ttft_s), "ms"),
         ev("requests", "measured requests", len(sent)),

@@ -230,7 +230,7 @@ def sliced(prompt: tuple[int, int], chunk: float, cal) -> tuple[float, float]:
     ×0.00 where the longer half took two steps (g2005-0007: measured 0.14, 1.5 steps)."""
     p = np.arange(prompt[0], prompt[1] + 1, dtype=float)
     n = np.ceil(p / max(chunk, 1))
-    step = cal.fixed_s + getattr(cal, "gap_s", 0.0)
+    step = cal.fixed_s + cal.gap_s
     return float(((n - 1) * step).mean()), float((p * cal.token_s + n * step).mean())
 
 
