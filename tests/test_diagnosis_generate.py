@@ -186,6 +186,32 @@ def test_report_arithmetic_on_made_up_results():
     assert "1/2 (50 %)" in text
 
 
+def test_a_label_whose_range_straddles_the_threshold_is_not_scored():
+    """A neighbour labelled x1.4 whose floor is x0 (the engine's demand between one core
+    and its busy cores) is scored neither above nor below: its runs count on their own
+    line, and a floor at or above the threshold scores as before."""
+    nb = {"class": "neighbour", "check": "host-contention", "relative": 1.4}
+    tb = {"class": "token-budget", "check": "chunk-too-small", "relative": 1.8}
+    runs = [
+        _run("a", [], ["chunk-too-small"]),  # faults set below
+        _run("b", [], ["chunk-too-small"]),
+        _run("c", [], ["x"]),
+        _run("d", [], ["host-contention"]),
+    ]
+    runs[0]["faults"] = [tb, {**nb, "relative_low": 0.0}]  # straddles: not scored
+    runs[1]["faults"] = [tb, {**nb, "relative_low": 1.1}]  # above: a miss
+    runs[2]["faults"] = [{**nb, "relative_low": 0.5}]  # straddles, one fault
+    runs[3]["faults"] = [{**nb, "relative": 0.9, "relative_low": 0.2}]  # below
+    s = report.summarise(runs)
+    assert s["double_above"] == [0, 1] and s["single_above"] == [0, 0]
+    assert len(s["straddling"]) == 2 and "neighbour ×0.00–1.40" in " ".join(s["straddling"])
+    assert len(s["misses"]) == 1 and "neighbour ×1.10–1.40" in s["misses"][0]
+    text = "\n".join(report.lines(s))
+    assert "not scored: a label whose range straddles its threshold" in text
+    # reports written before floors existed score as they did
+    assert report.above({"relative": 1.2}) and not report.straddles({"relative": 1.2})
+
+
 def test_held_out_seeds_print_the_banner(monkeypatch, capsys):
     assert generate.held_out(1000) and not generate.held_out(999)
     monkeypatch.setattr(generate, "run_draw", lambda d, root, seeds: [])
@@ -292,6 +318,26 @@ def test_the_neighbour_label_is_fair_sharing_with_the_engines_cores():
     )
     one = generate.Fault("neighbour", float("nan"), {"per_core": 1 / cores})
     assert generate.relative_of(one, d, _calibration(engine_cores=1.0)) == 0
+
+
+def test_the_neighbour_labels_floor_counts_one_core_of_engine_demand():
+    """Fair sharing needs the engine's demand, known between its stepping thread's one
+    core and its calibrated busy cores (which count spinning intra-op threads): the floor
+    is the label at one core, and a one-core engine's label is its own floor."""
+    d = next(d for d in DRAWS if [f.cls for f in d.faults] == ["neighbour"])
+    cores = generate.machine_cores()
+    f = generate.Fault("neighbour", float("nan"), {"per_core": 0.4})
+    two = _calibration(engine_cores=1.6)
+    rel = generate.relative_of(f, d, two)
+    floor = generate.relative_floor(f, two, rel)
+    assert floor == pytest.approx(max(0.0, 1 - cores / (1 + 0.4 * cores)) / 0.1)
+    assert floor < rel
+    one = _calibration(engine_cores=1.0)
+    assert generate.relative_floor(f, one, generate.relative_of(f, d, one)) == pytest.approx(
+        generate.relative_of(f, d, one)
+    )
+    other = generate.Fault("host-bound", 1.3, {})
+    assert generate.relative_floor(other, two, 1.3) == 1.3
 
 
 def test_a_long_prefix_beside_long_prompts_leaves_room_for_outputs():

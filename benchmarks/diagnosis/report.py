@@ -4,7 +4,10 @@ raw text printed for BENCHMARKS.md.
 A run with no fault is healthy; a single-fault run is right when its top finding is the
 fault's check; in a two-fault run each fault counts as found when its check is among the
 top three findings, and the run is right when both are. A fault is above threshold when
-its relative magnitude (magnitude / the documented detection threshold) is ≥ 1.
+its relative magnitude (magnitude / the documented detection threshold) is ≥ 1 and so is
+its floor (`relative_low`, where the label's model gives a range; reports written before
+it have none): a label whose range straddles the threshold is scored neither above nor
+below it, and the runs holding one are counted on their own line.
 """
 
 from __future__ import annotations
@@ -23,6 +26,14 @@ def _bin(rel: float) -> int:
     return next(i for i, (lo, hi) in enumerate(BINS) if lo <= rel < hi) if rel >= 0 else 0
 
 
+def above(fault: dict) -> bool:
+    return min(fault["relative"], fault.get("relative_low", fault["relative"])) >= 1
+
+
+def straddles(fault: dict) -> bool:
+    return fault["relative"] >= 1 and not above(fault)
+
+
 def found(run: dict, fault: dict) -> bool:
     if len(run["faults"]) == 1:
         return run["top"] == fault["check"]
@@ -39,8 +50,9 @@ def summarise(runs: list[dict]) -> dict:
             cell = curve[f["class"]][_bin(f["relative"])]
             cell[0] += found(r, f)
             cell[1] += 1
-    above1 = [r for r in single if r["faults"][0]["relative"] >= 1]
-    above2 = [r for r in double if all(f["relative"] >= 1 for f in r["faults"])]
+    above1 = [r for r in single if above(r["faults"][0])]
+    above2 = [r for r in double if all(above(f) for f in r["faults"])]
+    uncertain = [r for r in single + double if any(straddles(f) for f in r["faults"])]
     confusion: dict[str, Counter] = defaultdict(Counter)
     for r in above1:
         confusion[r["faults"][0]["class"]][r["top"]] += 1
@@ -56,6 +68,7 @@ def summarise(runs: list[dict]) -> dict:
         "healthy_warning": sum(bool(r["warning"]) and not r["critical"] for r in healthy),
         "single_above": [sum(r["top"] == r["faults"][0]["check"] for r in above1), len(above1)],
         "double_above": [sum(all(found(r, f) for f in r["faults"]) for r in above2), len(above2)],
+        "straddling": [_miss(r) for r in uncertain],
         "curve": {k: v for k, v in sorted(curve.items())},
         "confusion": {k: dict(v.most_common()) for k, v in sorted(confusion.items())},
         "misses": [_miss(r) for r in misses],
@@ -64,9 +77,14 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def _miss(r: dict) -> str:
-    faults = ", ".join(f"{f['class']} ×{f['relative']:.2f}" for f in r["faults"])
+    faults = ", ".join(f"{f['class']} ×{_label(f)}" for f in r["faults"])
     top3 = ", ".join(r["top3"]) or "none"
     return f"{r['draw']}-s{r['workload_seed']} ({r['preset']}, {r['loop']}): {faults} → {top3}"
+
+
+def _label(f: dict) -> str:
+    low = f.get("relative_low", f["relative"])
+    return f"{f['relative']:.2f}" if low >= f["relative"] else f"{low:.2f}–{f['relative']:.2f}"
 
 
 def _pct(a: int, n: int) -> str:
@@ -98,6 +116,12 @@ def lines(s: dict) -> list[str]:
     out.append("confusion (one fault above threshold, and healthy): expected class → top finding")
     for cls, tops in s["confusion"].items():
         out.append(f"  {cls}: " + ", ".join(f"{t} {c}" for t, c in tops.items()))
+    straddling = s.get("straddling", [])
+    if straddling:
+        out.append("")
+        out.append("not scored: a label whose range straddles its threshold (run: faults "
+                   "×relative → top three)")  # fmt: skip
+        out += [f"  {m}" for m in straddling]
     if s["misses"]:
         out.append("")
         out.append("misses above threshold (run: faults ×relative → top three)")
