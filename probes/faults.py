@@ -34,9 +34,11 @@ happened. The points, and where their time lands in the lifecycle:
 host code does); sleeping is the default because it costs shared machines nothing.
 
 `burning(load)` is the one fault outside the engine: other processes spinning on the
-same cores while a run records (a noisy neighbour), `load` cores' worth of them (⌈load⌉
-processes, each busy load/⌈load⌉ of every 10 ms). Nothing of it is recorded in the
-run: the host-contention check must find it from what the probes saw.
+same cores while a run records (a noisy neighbour), `load` cores' worth of them: an
+integer load as that many processes that never sleep, a fractional one as
+BURNERS_PER_CORE processes per core (at least ⌈load⌉), each busy its share of every
+10 ms. Nothing of it is recorded in the run: the host-contention check must find it from
+what the probes saw.
 """
 
 from __future__ import annotations
@@ -204,6 +206,12 @@ class FaultObserver(EngineObserver):
 
 
 BURN_PERIOD_S = 0.01  # a duty-cycled burner's period: a few scheduler slices
+# A fractional load is spread over this many duty-cycled processes per core, so that it
+# lands on every core alike, as fair sharing assumes (the generator's label). Two
+# burners at 0.88 of each 10 ms on 2 cores settled where the scheduler woke them: six
+# identical runs of tiny beside them lost 0.004-0.46 of step time (label 0.32), the
+# sampler saw them use 0.56-1.25 cores; eight at 0.22 lost 0.23-0.45 (g2010-0050).
+BURNERS_PER_CORE = 4
 
 
 def _burner(duty: float) -> str:
@@ -221,9 +229,13 @@ def _burner(duty: float) -> str:
 
 @contextlib.contextmanager
 def burning(load: float) -> Iterator[None]:
-    """`load` cores' worth of spinning processes for the duration: ⌈load⌉ processes,
-    each busy load/⌈load⌉ of the time (an integer load: plain `while True: pass`)."""
+    """`load` cores' worth of spinning processes for the duration: an integer load as
+    that many `while True: pass`, a fractional one as BURNERS_PER_CORE processes per
+    core (at least ⌈load⌉), each busy load/processes of the time."""
     processes = math.ceil(load - 1e-9) if load > 0 else 0
+    if processes and abs(load - round(load)) > 1e-9:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        processes = max(processes, BURNERS_PER_CORE * (cores or os.cpu_count() or 1))
     code = _burner(load / processes) if processes else ""
     procs = [
         subprocess.Popen(

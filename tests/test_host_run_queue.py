@@ -133,8 +133,10 @@ def test_a_recorded_run_has_the_wait_per_step(tmp_path):
 
 
 def test_a_fractional_neighbour_load_is_duty_cycled_burners(monkeypatch):
-    """The generator draws a neighbour's load continuously (1.3 cores' worth: two
-    processes busy 65 % of each 10 ms), so its magnitudes spread across the rule."""
+    """The generator draws a neighbour's load continuously, so its magnitudes spread
+    across the rule: 1.3 cores' worth on 2 cores is eight processes busy 1.3/8 of each
+    10 ms, spread over every core as fair sharing assumes (two coarse burners settled
+    where the scheduler woke them)."""
     from perfdiag.probes import faults
 
     started = []
@@ -150,10 +152,11 @@ def test_a_fractional_neighbour_load_is_duty_cycled_burners(monkeypatch):
             pass
 
     monkeypatch.setattr(faults.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(faults.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     with faults.burning(1.3):
         pass
-    assert len(started) == 2 and all(code == started[0] for code in started)
-    assert "0.0065" in started[0] and "sleep(0.0035" in started[0]
+    assert len(started) == 8 and all(code == started[0] for code in started)
+    assert "0.001625" in started[0] and "sleep(0.008375" in started[0]
     compile(started[0], "burner", "exec")
     started.clear()
     with faults.burning(2):
