@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
-    "ci", max_examples=12, deadline=None, derandomize=True,
+    "ci", max_examples=6, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )  # fmt: skip
 settings.register_profile(
