@@ -63,6 +63,7 @@ from ..engine_ref.hooks import (
     StepEvent,
 )
 from ..errors import ConfigError
+from ..traces.environment import machine_cores
 
 # The faults that spend time at an engine hook (FaultObserver); the rest act from outside.
 _HOOK_FAULTS = ("input_delay_ms", "input_delay_per_token_us", "schedule_delay_ms", "step_gap_ms",
@@ -234,8 +235,7 @@ def burning(load: float) -> Iterator[None]:
     core (at least ⌈load⌉), each busy load/processes of the time."""
     processes = math.ceil(load - 1e-9) if load > 0 else 0
     if processes and abs(load - round(load)) > 1e-9:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        processes = max(processes, BURNERS_PER_CORE * (cores or os.cpu_count() or 1))
+        processes = max(processes, BURNERS_PER_CORE * machine_cores())
     code = _burner(load / processes) if processes else ""
     procs = [
         subprocess.Popen(

@@ -27,7 +27,7 @@ def _bin(rel: float) -> int:
 
 
 def above(fault: dict) -> bool:
-    return min(fault["relative"], fault.get("relative_low", fault["relative"])) >= 1
+    return fault.get("relative_low", fault["relative"]) >= 1  # the floor is ≤ the label
 
 
 def straddles(fault: dict) -> bool:
