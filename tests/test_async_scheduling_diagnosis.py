@@ -2,7 +2,9 @@
 sched-no-overlap): a scheduler spinning 3 ms per call with overlap off. host-bound comes
 first; overlap-off follows it with --async-scheduling, predicting on this CPU no gain
 (the forward holds the thread) and on CUDA up to the forward's time. Verified by a re-run
-with the flag, ITL does not improve beyond noise here, as predicted."""
+with the flag, ITL does not improve beyond run-to-run noise here, as predicted: judged over
+three runs a side as `--verify-advice` does (one run a side read a -11 % ITL change from
+noise as "improved" on CI, its interval inside one run)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def test_overlap_advice_near_the_top_and_honest_when_verified(tmp_path):
     assert f.action.settings[0].flag == "--async-scheduling"
     assert "hides nothing" in " ".join(f.recommendations)
     v = verify(TriageContext(load_run(run)), f, tmp_path / "on",
-               analyze=lambda r: TriageContext(r, analyze_serving(r)))  # fmt: skip
+               analyze=lambda r: TriageContext(r, analyze_serving(r)), repeats=3)  # fmt: skip
     assert v.target.metric == "itl.p50"
     print(f"verify: {v.verdict}: ITL p50 {v.target.a} -> {v.target.b} ({v.reason})")
     assert v.verdict != "improved", (v.verdict, v.reason)  # nothing overlaps on a CPU
