@@ -35,7 +35,8 @@ An advised slice (`finest_slice`) is priced with its uncertainty: a step's fixed
 an extrapolation to a step holding nothing, which a run whose steps nearly all carry the
 same decodes cannot pin (the constant and the decodes' price trade off). The price is
 raised to its SLICE_PRICE_QUANTILE over refits on steps drawn with replacement, with
-every term some step carries (which terms Schwarz keeps is itself uncertain there).
+every term some step carries (which terms Schwarz keeps is itself uncertain there). Only
+the additive model's price: the roofline's comes from the device's terms, not refitted.
 """
 
 from __future__ import annotations
@@ -190,8 +191,11 @@ class StepCostModel:
     def slice_price_margin_s(self) -> float:
         """How much more than its estimate a slice's fixed price (a step's fixed cost plus a
         chunk's) may be: its SLICE_PRICE_QUANTILE over SLICE_BOOTSTRAP refits of the kept
-        terms on steps drawn with replacement, less the estimate (0 without the steps).
-        Deterministic for a run (a fixed seed)."""
+        terms on steps drawn with replacement, less the estimate (0 without the steps,
+        and when the roofline prices: the additive fit's spread says nothing of its
+        terms). Deterministic for a run (a fixed seed)."""
+        if self.chosen != "additive":  # the roofline prices a slice by its own terms
+            return 0.0
         if "s" not in self._margin:
             self._margin["s"] = _slice_price_margin(self)
         return self._margin["s"]

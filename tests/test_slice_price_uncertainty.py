@@ -5,6 +5,9 @@ on identical CI runs. On synthetic steps with a known price, the advised slice k
 true overhead within the target in nearly every draw, where the point price does not."""
 
 import dataclasses
+import importlib
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -12,6 +15,7 @@ from perfdiag.analyzers.step_cost import fit_step_cost
 from perfdiag.analyzers.steptime import StepTimeline
 from perfdiag.playbooks.advice import OVERHEAD_TARGET
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.synthetic_steps
 MS = 1e-3
 FIXED, CHUNK, TOKEN, DECODE = 4.0 * MS, 2.0 * MS, 0.2 * MS, 1.0 * MS  # a CPU-sized step
 
@@ -70,3 +74,15 @@ def test_advised_slices_keep_their_true_overhead_within_the_target():
 def test_the_margin_is_the_same_for_the_same_steps():
     a, b = (fit_step_cost(_steps(3, pinned=True)) for _ in range(2))
     assert a.slice_price_margin_s() == b.slice_price_margin_s() > 0
+
+
+def test_the_roofline_prices_a_slice_by_its_own_terms():
+    """GPU-shaped steps choose the roofline: the additive fit's spread (a misfit's) does
+    not move its price."""
+    steps = importlib.import_module("benchmarks.synthetic_steps")
+    m = fit_step_cost(steps.timeline(steps.gpu_cost, 1))
+    assert m.chosen == "roofline"
+    assert m.slice_price_margin_s() == 0.0
+    assert m.finest_slice(OVERHEAD_TARGET) == dataclasses.replace(m, design=None).finest_slice(
+        OVERHEAD_TARGET
+    )
