@@ -65,7 +65,7 @@ ROOFLINE_MARGIN = 0.9  # the additive model stays unless the roofline is clearly
 SLICE_STEP = 16  # slices are advised in multiples of this many tokens
 # A slice's price is advised at this quantile of its refits (bootstrap over steps): where
 # most steps carry the same decodes, a step's fixed cost is an extrapolation to none, and
-# identical runs priced it 1.5-8 ms (advised chunks 32-256, predicted gains 14-69 %).
+# identical runs priced it 1.5-16 ms (advised chunks 32-256, predicted gains 14-69 %).
 SLICE_PRICE_QUANTILE = 0.9
 SLICE_BOOTSTRAP = 40
 TERMS = ("fixed", "prefill_chunks", "prefill_tokens", "decode_seqs", "context_tokens")
@@ -100,8 +100,9 @@ class StepCostModel:
     roofline_token_s: float = float("nan")  # mean cost of a prefill token, roofline-priced
     typical_slice_tokens: float = float("nan")  # median prefill tokens per chunk
     roofline: RooflineFit | None = field(default=None, metadata=INTERNAL)
-    # The fitted steps' kept columns and times (for the slice price's refits), and the
-    # refits' result once computed (they run only when a slice is advised).
+    # The fitted steps' times and every column some step carries, with which those are
+    # (for the slice price's refits), and the refits' result once computed (they run
+    # only when a slice is advised).
     design: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
         default=None, metadata=INTERNAL, compare=False, repr=False
     )
@@ -190,10 +191,10 @@ class StepCostModel:
 
     def slice_price_margin_s(self) -> float:
         """How much more than its estimate a slice's fixed price (a step's fixed cost plus a
-        chunk's) may be: its SLICE_PRICE_QUANTILE over SLICE_BOOTSTRAP refits of the kept
-        terms on steps drawn with replacement, less the estimate (0 without the steps,
-        and when the roofline prices: the additive fit's spread says nothing of its
-        terms). Deterministic for a run (a fixed seed)."""
+        chunk's) may be: its SLICE_PRICE_QUANTILE over SLICE_BOOTSTRAP refits with every
+        term some step carries, on steps drawn with replacement, less the estimate (0
+        without the steps, and when the roofline prices: the additive fit's spread says
+        nothing of its terms). Deterministic for a run (a fixed seed)."""
         if self.chosen != "additive":  # the roofline prices a slice by its own terms
             return 0.0
         if "s" not in self._margin:
