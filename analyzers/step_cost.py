@@ -44,6 +44,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -100,14 +101,11 @@ class StepCostModel:
     roofline_token_s: float = float("nan")  # mean cost of a prefill token, roofline-priced
     typical_slice_tokens: float = float("nan")  # median prefill tokens per chunk
     roofline: RooflineFit | None = field(default=None, metadata=INTERNAL)
-    # The fitted steps' times and every column some step carries, with which those are
-    # (for the slice price's refits), and the refits' result once computed (they run
-    # only when a slice is advised).
+    # For the slice price's refits (run only when a slice is advised): at most
+    # CHOICE_STEPS fitted steps' columns — every column some step carries — and times,
+    # and which columns those are.
     design: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
         default=None, metadata=INTERNAL, compare=False, repr=False
-    )
-    _margin: dict = field(
-        default_factory=dict, init=False, metadata=INTERNAL, compare=False, repr=False
     )
 
     def weights(self) -> WorkWeights:
@@ -195,11 +193,11 @@ class StepCostModel:
         term some step carries, on steps drawn with replacement, less the estimate (0
         without the steps, and when the roofline prices: the additive fit's spread says
         nothing of its terms). Deterministic for a run (a fixed seed)."""
-        if self.chosen != "additive":  # the roofline prices a slice by its own terms
-            return 0.0
-        if "s" not in self._margin:
-            self._margin["s"] = _slice_price_margin(self)
-        return self._margin["s"]
+        return self._additive_margin_s if self.chosen == "additive" else 0.0
+
+    @cached_property  # the refits, once per model (a replaced model refits)
+    def _additive_margin_s(self) -> float:
+        return _slice_price_margin(self)
 
     def predict_s(self, prefill_tokens=0.0, decode_seqs=0.0, context_tokens=0.0, chunks=0.0,
                   cached_tokens=0.0):  # fmt: skip
@@ -278,19 +276,23 @@ def fit_step_cost(
     weight[fit] = weight_fit
     model = _model(timeline, x, y, coef, keep, weight, compiled)
     # the refits of a slice's price keep every term some step carries (module docstring)
-    full = np.array((True, *present))
+    full, rows = np.array((True, *present)), _evenly(len(yf))
     return replace(
-        _choose(model, timeline, x, y, keep, hardware, fit), design=(xf[:, full], yf, full)
+        _choose(model, timeline, x, y, keep, hardware, fit),
+        design=(xf[rows][:, full], yf[rows], full),
     )
+
+
+def _evenly(n: int) -> np.ndarray:
+    """At most CHOICE_STEPS of n rows, evenly spread (a long run has more steps than a
+    choice or a refit needs)."""
+    return np.unique(np.linspace(0, n - 1, min(n, CHOICE_STEPS)).astype(np.int64))
 
 
 def _slice_price_margin(model: StepCostModel) -> float:
     if model.design is None:
         return 0.0
     x, y, full = model.design
-    # at most CHOICE_STEPS steps, evenly spread, as the model choice uses
-    rows = np.unique(np.linspace(0, len(y) - 1, min(len(y), CHOICE_STEPS)).astype(np.int64))
-    x, y = x[rows], y[rows]
     chunk = bool(full[1])  # the columns: fixed first, then chunks when some step has them
     rng = np.random.default_rng(0)
     whole, _ = huber_fit(x, y)
@@ -316,9 +318,7 @@ def _choose(model, timeline, x, y, keep, hardware, fit) -> StepCostModel:
     # The choice and the roofline rest on at most CHOICE_STEPS steps, evenly spread (the
     # alternating fit is many least squares; a long run has more steps than it needs).
     rows = np.flatnonzero(fit)
-    pick = rows[
-        np.unique(np.linspace(0, len(rows) - 1, min(len(rows), CHOICE_STEPS)).astype(np.int64))
-    ]
+    pick = rows[_evenly(len(rows))]
     x, y, prefill = x[pick], y[pick], prefill[pick]
     batch = tuple(b[pick] for b in (timeline.prefill_tokens, timeline.decode_seqs,
                                     timeline.context_tokens, timeline.prefill_seqs))  # fmt: skip

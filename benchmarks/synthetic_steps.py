@@ -39,6 +39,13 @@ def timeline(cost, seed, steps=400, stalls=True, noise=0.01) -> StepTimeline:
     if stalls:  # a GC pause, a contended CPU
         hit = rng.random(steps) < 0.05
         dur[hit] += rng.uniform(20, 100, hit.sum()) * MS
+    return steps_timeline(n, b, chunks, k, dur)
+
+
+def steps_timeline(n, b, chunks, k, dur) -> StepTimeline:
+    """Steps of these prefill tokens `n`, decodes `b`, chunks and context `k`, lasting
+    `dur` seconds each, back to back with 50 µs between them."""
+    steps = len(dur)
     end = np.cumsum(dur + 50 * US) * 1e9
     start = end - dur * 1e9
     nan = np.full(steps, np.nan)

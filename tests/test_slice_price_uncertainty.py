@@ -16,6 +16,7 @@ from perfdiag.analyzers.steptime import StepTimeline
 from perfdiag.playbooks.advice import OVERHEAD_TARGET
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.synthetic_steps
+SYNTHETIC = importlib.import_module("benchmarks.synthetic_steps")
 MS = 1e-3
 FIXED, CHUNK, TOKEN, DECODE = 4.0 * MS, 2.0 * MS, 0.2 * MS, 1.0 * MS  # a CPU-sized step
 
@@ -32,12 +33,7 @@ def _steps(seed: int, pinned: bool, steps: int = 330, noise: float = 0.08) -> St
         b = rng.integers(0, 9, steps).astype(float)
     k = b * rng.integers(50, 400, steps)
     dur = FIXED + CHUNK * chunks + TOKEN * n + DECODE * b
-    dur = dur * (1 + rng.normal(0, noise, steps))
-    end = np.cumsum(dur + 0.1 * MS) * 1e9
-    start = end - dur * 1e9
-    nan = np.full(steps, np.nan)
-    return StepTimeline(np.arange(steps), start, end, nan, n, b, chunks, k, nan, nan,
-                        np.concatenate(([0.0], np.cumsum(dur)[:-1] * 1e9)), None)  # fmt: skip
+    return SYNTHETIC.steps_timeline(n, b, chunks, k, dur * (1 + rng.normal(0, noise, steps)))
 
 
 def _true_overhead(tokens: int) -> float:
@@ -79,8 +75,7 @@ def test_the_margin_is_the_same_for_the_same_steps():
 def test_the_roofline_prices_a_slice_by_its_own_terms():
     """GPU-shaped steps choose the roofline: the additive fit's spread (a misfit's) does
     not move its price."""
-    steps = importlib.import_module("benchmarks.synthetic_steps")
-    m = fit_step_cost(steps.timeline(steps.gpu_cost, 1))
+    m = fit_step_cost(SYNTHETIC.timeline(SYNTHETIC.gpu_cost, 1))
     assert m.chosen == "roofline"
     assert m.slice_price_margin_s() == 0.0
     assert m.finest_slice(OVERHEAD_TARGET) == dataclasses.replace(m, design=None).finest_slice(
