@@ -210,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         print("check_html_report: no Chromium found (apt-get install chromium)", file=sys.stderr)
         return 2
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="perfdiag-chromium-") as profile:
+    # Chromium's helpers may still write its profile as it exits (CI: "Directory not
+    # empty: 'Default'" after every check had passed): a leftover profile is no failure.
+    with tempfile.TemporaryDirectory(
+        prefix="perfdiag-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         try:
             proc, endpoint = start(browser, profile)
         except RuntimeError as e:
